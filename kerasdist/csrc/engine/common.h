@@ -1,0 +1,84 @@
+// Types shared by every part of the engine. The engine knows nothing of TensorFlow:
+// a tensor is a pointer, a dtype and a shape, plus callbacks to the front end.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace kerasdist {
+
+// Values are part of the Python/TF ABI (ops pass them as ints): append only.
+enum class DataType : uint8_t {
+  kUInt8 = 0, kInt8 = 1, kInt32 = 2, kInt64 = 3,
+  kFloat16 = 4, kBFloat16 = 5, kFloat32 = 6, kFloat64 = 7, kBool = 8,
+};
+enum class OpKind : uint8_t {
+  kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kReducescatter = 3, kAlltoall = 4,
+};
+enum class ReduceOp : uint8_t { kAverage = 0, kSum = 1, kMin = 2, kMax = 3, kProduct = 4 };
+
+size_t DataTypeSize(DataType dtype);
+const char* DataTypeName(DataType dtype);
+const char* OpKindName(OpKind kind);
+const char* ReduceOpName(ReduceOp op);
+bool IsFloatingPoint(DataType dtype);
+
+enum class StatusCode : uint8_t {
+  kOk = 0, kInvalidArgument = 1, kFailedPrecondition = 2, kAborted = 3,
+  kDeadlineExceeded = 4, kInternal = 5,
+};
+
+struct Status {
+  StatusCode code = StatusCode::kOk;
+  std::string message;
+
+  bool ok() const { return code == StatusCode::kOk; }
+  static Status OK() { return {}; }
+  static Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
+  static Status FailedPrecondition(std::string m) { return {StatusCode::kFailedPrecondition, std::move(m)}; }
+  static Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
+  static Status DeadlineExceeded(std::string m) { return {StatusCode::kDeadlineExceeded, std::move(m)}; }
+  static Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
+};
+
+using Shape = std::vector<int64_t>;
+int64_t NumElements(const Shape& shape);
+std::string ShapeString(const Shape& shape);
+
+struct TensorSpec {
+  DataType dtype = DataType::kFloat32;
+  Shape shape;
+  bool operator==(const TensorSpec& o) const { return dtype == o.dtype && shape == o.shape; }
+};
+
+// What one rank asks for. Every rank must send an equal Request for the same name, except
+// where an op allows differences (allgather: dim 0; alltoall: dim 0 and splits).
+struct Request {
+  std::string name;
+  OpKind kind = OpKind::kAllreduce;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  int32_t root_rank = 0;
+  double prescale = 1.0;
+  double postscale = 1.0;
+  std::vector<TensorSpec> tensors;  // more than one for a grouped allreduce
+  std::vector<int64_t> splits;      // alltoall: rows sent to each rank
+};
+
+// Rank 0's answer for one name, identical on every rank.
+struct Response {
+  std::string name;
+  Status status;
+  int32_t cache_id = -1;                 // >= 0 when later repeats may take the fast path
+  std::vector<int64_t> rank_rows;        // allgather: dim 0 of every rank
+  std::vector<int64_t> alltoall_rows;    // alltoall: size x size, [src * size + dst] rows
+};
+
+// Front-end hooks. `allocate` is called from the engine thread once an output's shape is
+// known (allgather, alltoall); `done` is called exactly once.
+using AllocateFn = std::function<Status(int output_index, const Shape& shape, void** data)>;
+using DoneFn = std::function<void(const Status&)>;
+
+}  // namespace kerasdist

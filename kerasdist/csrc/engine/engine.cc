@@ -1,0 +1,875 @@
+#include "engine.h"
+
+#include <algorithm>
+#include <climits>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "mpi_backend.h"
+#include "wire.h"
+
+namespace kerasdist {
+namespace {
+
+constexpr uint64_t kNobodyReports = 1;   // word 0, bit 0 (AND: set only if no rank reports)
+constexpr uint64_t kNobodyStops = 2;     // word 0, bit 1
+constexpr int kFlagBits = 64;            // cache bits start at word 1
+
+int g_log_level = 2;
+int g_log_rank = 0;
+
+double Seconds(Engine::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// "rank 0 sent float32; ranks 1, 2 sent float64" — or empty when every rank agrees.
+std::string DescribeDisagreement(const std::vector<std::string>& value_by_rank) {
+  std::vector<std::pair<std::string, std::vector<int>>> groups;
+  for (size_t r = 0; r < value_by_rank.size(); ++r) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.first == value_by_rank[r]; });
+    if (it == groups.end()) groups.push_back({value_by_rank[r], {static_cast<int>(r)}});
+    else it->second.push_back(static_cast<int>(r));
+  }
+  if (groups.size() <= 1) return "";
+  std::ostringstream out;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    const auto& ranks = groups[g].second;
+    out << (g ? "; " : "") << (ranks.size() == 1 ? "rank " : "ranks ");
+    for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
+    out << " sent " << groups[g].first;
+  }
+  return out.str();
+}
+
+std::string RowShape(const Shape& shape) {  // every dim but the first
+  return ShapeString(Shape(shape.begin() + (shape.empty() ? 0 : 1), shape.end()));
+}
+
+int64_t RowElements(const Shape& shape) {
+  int64_t n = 1;
+  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
+  return n;
+}
+
+bool FitsInt(int64_t v) { return v <= INT_MAX; }
+
+std::vector<int> ToIntCounts(const std::vector<int64_t>& v, bool* ok) {
+  std::vector<int> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (!FitsInt(v[i])) *ok = false;
+    out[i] = static_cast<int>(v[i]);
+  }
+  return out;
+}
+
+std::vector<int> Displacements(const std::vector<int>& counts, bool* ok) {
+  std::vector<int> displs(counts.size());
+  int64_t offset = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    if (!FitsInt(offset)) *ok = false;
+    displs[i] = static_cast<int>(offset);
+    offset += counts[i];
+  }
+  return displs;
+}
+
+Status MpiStatus(int code, const char* what, const std::string& name) {
+  if (code == MPI_SUCCESS) return Status::OK();
+  return Status::Internal(std::string("kerasdist: ") + what + " failed for '" + name + "': " +
+                          MpiErrorString(code));
+}
+
+Status TooLarge(const std::string& name) {
+  return Status::InvalidArgument("kerasdist: '" + name +
+                                 "' needs more than 2^31-1 elements in one MPI call; split it");
+}
+
+}  // namespace
+
+void Log(int level, const char* fmt, ...) {
+  if (level < g_log_level) return;
+  static const char* kNames[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
+  char message[2048];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(message, sizeof(message), fmt, args);
+  va_end(args);
+  std::fprintf(stderr, "[kerasdist rank %d] %s: %s\n", g_log_rank, kNames[std::min(level, 3)], message);
+  std::fflush(stderr);
+}
+
+Engine& Engine::Get() {
+  static Engine* engine = new Engine();  // never destroyed: kernels may outlive static teardown
+  return *engine;
+}
+
+bool Engine::running() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !stopped_;
+}
+
+Status Engine::Start(const EngineOptions& options) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!stopped_) return Status::OK();
+  if (started_once_) {
+    return Status::FailedPrecondition(
+        "kerasdist: the engine was shut down and cannot be restarted in this process");
+  }
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (!initialized) return Status::FailedPrecondition("kerasdist: MPI is not initialized");
+  int provided = 0;
+  MPI_Query_thread(&provided);
+  if (provided < MPI_THREAD_MULTIPLE) {
+    return Status::FailedPrecondition(
+        "kerasdist: MPI was initialized without MPI_THREAD_MULTIPLE; let kerasdist.init() "
+        "initialize MPI (or set mpi4py.rc.thread_level = 'multiple')");
+  }
+  options_ = options;
+  g_log_level = options.log_level;
+  MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  g_log_rank = rank_;
+  CreateMpiReductions();
+  options_.cache_capacity = std::max(1, options_.cache_capacity);
+  words_ = 1 + (options_.cache_capacity + 63) / 64;
+  cache_.assign(options_.cache_capacity, CacheSlot());
+  for (int32_t id = options_.cache_capacity - 1; id >= 0; --id) free_slots_.push_back(id);
+  if (options_.fusion_threshold_bytes > 0) fusion_buffer_.resize(options_.fusion_threshold_bytes);
+  if (rank_ == 0 && !options_.timeline_path.empty() && !timeline_.Open(options_.timeline_path)) {
+    Log(2, "cannot write the timeline to '%s'; continuing without it", options_.timeline_path.c_str());
+  }
+  stopped_ = false;
+  started_once_ = true;
+  thread_ = std::thread(&Engine::Loop, this);
+  return Status::OK();
+}
+
+void Engine::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!thread_.joinable()) return;
+    shutdown_requested_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+  timeline_.Close();
+  // The communicator and reductions are left to MPI_Finalize: after a stall the communicator
+  // may still hold an unfinished negotiation, and freeing it then would be erroneous.
+}
+
+Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
+                       AllocateFn allocate, DoneFn done) {
+  // Checks that need no other rank fail here, on the rank that made the mistake.
+  const std::string name = request.name;
+  if (request.kind == OpKind::kBroadcast && (request.root_rank < 0 || request.root_rank >= size_)) {
+    return Status::InvalidArgument("kerasdist: root_rank " + std::to_string(request.root_rank) +
+                                   " for '" + name + "' is outside [0, " + std::to_string(size_) + ")");
+  }
+  for (const auto& t : request.tensors) {
+    bool needs_dim0 = request.kind == OpKind::kAllgather || request.kind == OpKind::kReducescatter ||
+                      request.kind == OpKind::kAlltoall;
+    if (needs_dim0 && t.shape.empty()) {
+      return Status::InvalidArgument(std::string("kerasdist: ") + OpKindName(request.kind) +
+                                     " needs a tensor of rank >= 1, got a scalar for '" + name + "'");
+    }
+    if (!IsFloatingPoint(t.dtype) && (request.prescale != 1.0 || request.postscale != 1.0)) {
+      return Status::InvalidArgument("kerasdist: prescale/postscale factors apply to floating-point "
+                                     "tensors only; '" + name + "' is " + DataTypeName(t.dtype));
+    }
+    if (t.dtype == DataType::kBool &&
+        (request.kind == OpKind::kAllreduce || request.kind == OpKind::kReducescatter)) {
+      return Status::InvalidArgument("kerasdist: cannot reduce bool tensor '" + name +
+                                     "'; cast it to an integer type first");
+    }
+  }
+  if (request.kind == OpKind::kAlltoall) {
+    const Shape& shape = request.tensors[0].shape;
+    if (request.splits.empty()) {
+      if (shape[0] % size_ != 0) {
+        return Status::InvalidArgument("kerasdist: alltoall of '" + name + "' without splits needs dim 0 (" +
+                                       std::to_string(shape[0]) + ") divisible by size (" +
+                                       std::to_string(size_) + "); pass splits");
+      }
+      request.splits.assign(size_, shape[0] / size_);
+    }
+    int64_t total = 0;
+    bool negative = false;
+    for (int64_t s : request.splits) { total += s; negative |= s < 0; }
+    if (static_cast<int>(request.splits.size()) != size_ || total != shape[0] || negative) {
+      return Status::InvalidArgument("kerasdist: alltoall splits for '" + name + "' must be " +
+                                     std::to_string(size_) + " non-negative counts summing to dim 0 (" +
+                                     std::to_string(shape[0]) + "), got " + ShapeString(request.splits));
+    }
+  }
+
+  auto entry = std::make_unique<Entry>();
+  entry->signature = RequestSignature(request);
+  entry->request = std::move(request);
+  entry->inputs = std::move(inputs);
+  entry->outputs = std::move(outputs);
+  entry->allocate = std::move(allocate);
+  entry->done = std::move(done);
+  entry->enqueued = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopped_) {
+      return stop_reason_.ok()
+                 ? Status::FailedPrecondition("kerasdist: not initialized; call kerasdist.init() first")
+                 : Status{stop_reason_.code, "kerasdist is no longer running (" + stop_reason_.message +
+                                                 "); '" + name + "' was not run"};
+    }
+    if (!in_flight_.insert(name).second) {
+      return Status::FailedPrecondition(
+          "kerasdist: a collective named '" + name + "' is already pending on rank " +
+          std::to_string(rank_) + "; give concurrent collectives distinct names");
+    }
+    incoming_.push_back(std::move(entry));
+  }
+  cv_.notify_one();
+  return Status::OK();
+}
+
+void Engine::Loop() {
+  auto backoff = std::chrono::microseconds(0);
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      // Idle: sleep until work or shutdown arrives. No rank needs an idle rank in a cycle:
+      // the others' requests can't be ready before this rank enqueues them too.
+      cv_.wait(lock, [&] { return !incoming_.empty() || !pending_.empty() || shutdown_requested_; });
+      if (backoff.count() > 0 && incoming_.empty() && !shutdown_requested_) {
+        // Last cycle made no progress: give the other ranks time to enqueue, but wake at once
+        // when this rank gets new work.
+        cv_.wait_for(lock, backoff, [&] { return !incoming_.empty() || shutdown_requested_; });
+      } else if (options_.cycle_time_ms > 0 && pending_.empty() && !shutdown_requested_) {
+        // Fresh work after idle: a short window lets companions join the same fused reduction.
+        lock.unlock();
+        std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
+      }
+    }
+    bool progress = false;
+    if (!RunCycle(&progress)) break;
+    if (progress) backoff = std::chrono::microseconds(0);
+    else backoff = std::min(std::chrono::microseconds(5000),
+                            std::max(std::chrono::microseconds(100), backoff * 2));
+  }
+}
+
+Status Engine::WaitForPeers(MPI_Request* request) {
+  const auto start = Clock::now();
+  auto next_warning = start + std::chrono::duration<double>(options_.stall_warning_s);
+  int spins = 0;
+  while (true) {
+    int done = 0;
+    int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
+    if (code != MPI_SUCCESS) return MpiStatus(code, "negotiation", "(cycle)");
+    if (done) return Status::OK();
+    // Poll gently: MPI's own wait spins a core, and on small machines that core trains the model.
+    if (++spins < 64) {
+      std::this_thread::yield();
+      continue;
+    }
+    auto waited = Clock::now() - start;
+    std::this_thread::sleep_for(Seconds(waited) < 0.01 ? std::chrono::microseconds(20)
+                                                        : std::chrono::microseconds(500));
+    auto now = Clock::now();
+    if (options_.stall_warning_s > 0 && now >= next_warning) {
+      Log(2, "waited %.0f s for other ranks to submit collectives; pending on this rank: %s. "
+             "A rank that stopped calling collectives (or runs different code) stalls the job.",
+          Seconds(now - start), PendingNames(8).c_str());
+      next_warning = now + std::chrono::duration<double>(options_.stall_warning_s);
+    }
+    if (options_.stall_timeout_s > 0 && Seconds(now - start) > options_.stall_timeout_s) {
+      return Status::DeadlineExceeded(
+          "kerasdist: stalled for more than " + std::to_string(static_cast<int>(options_.stall_timeout_s)) +
+          " s (KERASDIST_STALL_TIMEOUT_S) waiting for other ranks; pending on rank " +
+          std::to_string(rank_) + ": " + PendingNames(8));
+    }
+  }
+}
+
+bool Engine::RunCycle(bool* progress) {
+  bool shutting_down;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : incoming_) {
+      std::string name = e->request.name;
+      pending_.emplace(std::move(name), std::move(e));
+    }
+    incoming_.clear();
+    shutting_down = shutdown_requested_;
+  }
+  const auto now = Clock::now();
+  const double stale_s = options_.stall_warning_s / 2;
+
+  // Fast-path bits for cached requests; everything else goes to rank 0.
+  std::vector<uint64_t> bits(words_, 0);
+  std::vector<int32_t> invalidations;
+  bool report = false;
+  for (auto& [name, e] : pending_) {
+    if (e->reported) continue;
+    auto it = cache_ids_.find(name);
+    if (it != cache_ids_.end()) {
+      bool stale = options_.stall_warning_s > 0 && Seconds(now - e->enqueued) > stale_s;
+      if (cache_[it->second].signature == e->signature && !stale) {
+        int bit = kFlagBits + it->second;
+        bits[bit / 64] |= uint64_t{1} << (bit % 64);
+        continue;
+      }
+      // Changed request, or waiting long enough that rank 0 should see who is missing.
+      invalidations.push_back(it->second);
+    }
+    report = true;
+  }
+  if (rank_ == 0) {
+    for (auto& [name, n] : table_) {
+      if (options_.stall_timeout_s > 0 && Seconds(now - n.first_seen) > options_.stall_timeout_s) report = true;
+    }
+  }
+  if (!report) bits[0] |= kNobodyReports;
+  if (!shutting_down) bits[0] |= kNobodyStops;
+
+  MPI_Request request;
+  int code = MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(words_), MPI_UINT64_T,
+                            MPI_BAND, comm_, &request);
+  Status status = code == MPI_SUCCESS ? WaitForPeers(&request) : MpiStatus(code, "negotiation", "(cycle)");
+  if (!status.ok()) {
+    Log(3, "%s", status.message.c_str());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_reason_ = status;
+      stopped_ = true;
+    }
+    FailAllPending(status);
+    return false;
+  }
+
+  std::vector<Ready> ready;
+  const auto negotiated = Clock::now();
+  for (size_t w = 1; w < words_; ++w) {
+    for (uint64_t word = bits[w]; word; word &= word - 1) {
+      int32_t id = static_cast<int32_t>((w * 64 + __builtin_ctzll(word)) - kFlagBits);
+      auto it = pending_.find(cache_[id].name);
+      ready.push_back({it->second.get(), cache_[id].response, negotiated});
+    }
+  }
+  if (!(bits[0] & kNobodyReports) && !SlowPath(invalidations, &ready)) return false;
+
+  if (timeline_.enabled()) timeline_.CycleMark(negotiated, static_cast<int>(ready.size()));
+  *progress = !ready.empty();
+  Execute(ready);
+
+  if (!(bits[0] & kNobodyStops)) {
+    Status stop = Status::Aborted("kerasdist was shut down (on this or another rank)");
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_reason_ = stop;
+      stopped_ = true;
+    }
+    FailAllPending(Status::Aborted("kerasdist was shut down on this or another rank while this "
+                                   "collective was pending; every rank must run the same collectives"));
+    return false;
+  }
+  if (rank_ == 0) CheckStalls(Clock::now());
+  return true;
+}
+
+bool Engine::SlowPath(const std::vector<int32_t>& invalidations, std::vector<Ready>* ready) {
+  ByteWriter out;
+  out.PutInts(std::vector<int64_t>(invalidations.begin(), invalidations.end()));
+  std::vector<Entry*> reporting;
+  for (auto& [name, e] : pending_) {
+    if (e->reported) continue;
+    auto it = cache_ids_.find(name);
+    bool invalidated = it != cache_ids_.end() &&
+        std::find(invalidations.begin(), invalidations.end(), it->second) != invalidations.end();
+    if (it != cache_ids_.end() && !invalidated) continue;  // took the fast path this cycle
+    reporting.push_back(e.get());
+  }
+  out.Put<uint32_t>(static_cast<uint32_t>(reporting.size()));
+  for (Entry* e : reporting) {
+    WriteRequest(out, e->request);
+    e->reported = true;
+  }
+
+  int my_size = static_cast<int>(out.bytes().size());
+  std::vector<int> sizes(rank_ == 0 ? size_ : 0);
+  MPI_Gather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_);
+  std::vector<int> displs;
+  std::vector<char> gathered;
+  if (rank_ == 0) {
+    bool ok = true;
+    displs = Displacements(sizes, &ok);
+    gathered.resize(static_cast<size_t>(displs.back()) + sizes.back());
+  }
+  MPI_Gatherv(out.bytes().data(), my_size, MPI_BYTE, gathered.data(), sizes.data(), displs.data(),
+              MPI_BYTE, 0, comm_);
+
+  ByteWriter answer;
+  if (rank_ == 0) {
+    std::vector<std::vector<char>> messages(size_);
+    for (int r = 0; r < size_; ++r) {
+      messages[r].assign(gathered.begin() + displs[r], gathered.begin() + displs[r] + sizes[r]);
+    }
+    std::vector<int32_t> evicted;
+    std::vector<Response> responses;
+    CoordinatorStep(messages, &evicted, &responses);
+    answer.PutInts(std::vector<int64_t>(evicted.begin(), evicted.end()));
+    answer.Put<uint32_t>(static_cast<uint32_t>(responses.size()));
+    for (const auto& r : responses) WriteResponse(answer, r);
+  }
+  int answer_size = static_cast<int>(answer.bytes().size());
+  MPI_Bcast(&answer_size, 1, MPI_INT, 0, comm_);
+  answer.bytes().resize(answer_size);
+  MPI_Bcast(answer.bytes().data(), answer_size, MPI_BYTE, 0, comm_);
+
+  ByteReader in(answer.bytes().data(), answer.bytes().size());
+  std::vector<int64_t> evicted64 = in.GetInts();
+  std::vector<int32_t> evicted(evicted64.begin(), evicted64.end());
+  std::vector<Response> responses(in.Get<uint32_t>());
+  for (auto& r : responses) r = ReadResponse(in);
+  ApplyCacheChanges(evicted, responses);
+
+  const auto negotiated = Clock::now();
+  for (auto& r : responses) {
+    auto it = pending_.find(r.name);
+    // A stall error may name a request this rank never sent.
+    if (it == pending_.end() || !it->second->reported) continue;
+    ready->push_back({it->second.get(), std::move(r), negotiated});
+  }
+  return true;
+}
+
+void Engine::CoordinatorStep(const std::vector<std::vector<char>>& messages,
+                             std::vector<int32_t>* evicted, std::vector<Response>* responses) {
+  const auto now = Clock::now();
+  std::vector<std::string> completed;
+  for (int r = 0; r < size_; ++r) {
+    ByteReader in(messages[r].data(), messages[r].size());
+    for (int64_t id : in.GetInts()) {
+      if (cache_[id].used && std::find(evicted->begin(), evicted->end(), id) == evicted->end()) {
+        evicted->push_back(static_cast<int32_t>(id));
+      }
+    }
+    uint32_t count = in.Get<uint32_t>();
+    for (uint32_t i = 0; i < count; ++i) {
+      auto request = std::make_unique<Request>(ReadRequest(in));
+      std::string name = request->name;
+      auto [it, fresh] = table_.try_emplace(name);
+      Negotiation& n = it->second;
+      if (fresh) {
+        n.by_rank.resize(size_);
+        n.first_seen = now;
+        n.last_warning = now;
+      }
+      if (!n.by_rank[r]) ++n.count;
+      n.by_rank[r] = std::move(request);
+      if (n.count == size_) completed.push_back(name);
+    }
+  }
+  // Freed slots are reusable at once: every rank applies evictions before insertions.
+  for (int32_t id : *evicted) {
+    cache_fifo_.erase(std::remove(cache_fifo_.begin(), cache_fifo_.end(), id), cache_fifo_.end());
+    free_slots_.push_back(id);
+  }
+  for (const std::string& name : completed) {
+    Response response = Validate(name, table_[name].by_rank);
+    if (response.status.ok()) response.cache_id = AssignCacheId(evicted);
+    responses->push_back(std::move(response));
+    table_.erase(name);
+  }
+  if (options_.stall_timeout_s > 0) {
+    for (auto it = table_.begin(); it != table_.end();) {
+      if (Seconds(now - it->second.first_seen) <= options_.stall_timeout_s) { ++it; continue; }
+      std::string missing;
+      for (int r = 0; r < size_; ++r) {
+        if (!it->second.by_rank[r]) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      Response response;
+      response.name = it->first;
+      response.status = Status::DeadlineExceeded(
+          "kerasdist: '" + it->first + "' stalled for more than " +
+          std::to_string(static_cast<int>(options_.stall_timeout_s)) +
+          " s (KERASDIST_STALL_TIMEOUT_S): rank(s) " + missing + " never submitted it");
+      responses->push_back(std::move(response));
+      it = table_.erase(it);
+    }
+  }
+}
+
+int32_t Engine::AssignCacheId(std::vector<int32_t>* evicted) {
+  int32_t id;
+  if (!free_slots_.empty()) {
+    id = free_slots_.back();
+    free_slots_.pop_back();
+  } else {  // full: reuse the oldest slot
+    id = cache_fifo_.front();
+    cache_fifo_.pop_front();
+    evicted->push_back(id);
+  }
+  cache_fifo_.push_back(id);
+  return id;
+}
+
+void Engine::ApplyCacheChanges(const std::vector<int32_t>& evicted, const std::vector<Response>& responses) {
+  for (int32_t id : evicted) {
+    if (!cache_[id].used) continue;
+    cache_ids_.erase(cache_[id].name);
+    cache_[id] = CacheSlot();
+  }
+  for (const Response& r : responses) {
+    if (r.cache_id < 0) continue;
+    auto it = pending_.find(r.name);
+    CacheSlot& slot = cache_[r.cache_id];
+    if (slot.used) cache_ids_.erase(slot.name);
+    slot.used = true;
+    slot.name = r.name;
+    slot.signature = it->second->signature;
+    slot.response = r;
+    cache_ids_[r.name] = r.cache_id;
+  }
+}
+
+Response Engine::Validate(const std::string& name, const std::vector<std::unique_ptr<Request>>& by_rank) {
+  Response response;
+  response.name = name;
+  auto fail = [&](const std::string& what, const std::vector<std::string>& values, const std::string& fix) {
+    response.status = Status::FailedPrecondition("kerasdist: mismatched " + what + " for '" + name +
+                                                 "': " + DescribeDisagreement(values) + ". " + fix);
+    return response;
+  };
+  auto per_rank = [&](auto field) {
+    std::vector<std::string> values;
+    for (const auto& r : by_rank) values.push_back(field(*r));
+    return values;
+  };
+  auto disagree = [](const std::vector<std::string>& v) {
+    return std::any_of(v.begin(), v.end(), [&](const std::string& x) { return x != v[0]; });
+  };
+
+  auto kinds = per_rank([](const Request& r) { return std::string(OpKindName(r.kind)); });
+  if (disagree(kinds)) return fail("collective", kinds, "Every rank must call the same op for one name.");
+  auto counts = per_rank([](const Request& r) { return std::to_string(r.tensors.size()) + " tensor(s)"; });
+  if (disagree(counts)) return fail("group size", counts, "Every rank must group the same tensors.");
+  const Request& first = *by_rank[0];
+  for (size_t t = 0; t < first.tensors.size(); ++t) {
+    auto dtypes = per_rank([&](const Request& r) { return std::string(DataTypeName(r.tensors[t].dtype)); });
+    if (disagree(dtypes)) return fail("dtype", dtypes, "Cast to one dtype on every rank first.");
+    auto ndims = per_rank([&](const Request& r) { return "rank-" + std::to_string(r.tensors[t].shape.size()) + " tensor"; });
+    if (disagree(ndims)) return fail("number of dimensions", ndims, "");
+    bool dim0_may_differ = first.kind == OpKind::kAllgather || first.kind == OpKind::kAlltoall;
+    auto shapes = per_rank([&](const Request& r) {
+      return dim0_may_differ ? "rows of shape " + RowShape(r.tensors[t].shape) : "shape " + ShapeString(r.tensors[t].shape);
+    });
+    if (disagree(shapes)) {
+      return fail("shape", shapes, dim0_may_differ ? "Only the first dimension may differ between ranks."
+                                                   : "Every rank must pass the same shape.");
+    }
+  }
+  if (first.kind == OpKind::kAllreduce || first.kind == OpKind::kReducescatter) {
+    auto ops = per_rank([](const Request& r) { return std::string(ReduceOpName(r.reduce_op)); });
+    if (disagree(ops)) return fail("reduce op", ops, "");
+    auto scales = per_rank([](const Request& r) {
+      std::ostringstream s;
+      s << "prescale " << r.prescale << ", postscale " << r.postscale;
+      return s.str();
+    });
+    if (disagree(scales)) return fail("scale factors", scales, "");
+  }
+  if (first.kind == OpKind::kBroadcast) {
+    auto roots = per_rank([](const Request& r) { return "root_rank " + std::to_string(r.root_rank); });
+    if (disagree(roots)) return fail("root rank", roots, "Every rank must name the same root.");
+  }
+  if (first.kind == OpKind::kAllgather) {
+    for (const auto& r : by_rank) response.rank_rows.push_back(r->tensors[0].shape[0]);
+  }
+  if (first.kind == OpKind::kAlltoall) {
+    for (const auto& r : by_rank) {
+      response.alltoall_rows.insert(response.alltoall_rows.end(), r->splits.begin(), r->splits.end());
+    }
+  }
+  return response;
+}
+
+void Engine::CheckStalls(Clock::time_point now) {
+  if (options_.stall_warning_s <= 0) return;
+  for (auto& [name, n] : table_) {
+    if (Seconds(now - n.last_warning) < options_.stall_warning_s / 2 ||
+        Seconds(now - n.first_seen) < options_.stall_warning_s / 2) {
+      continue;
+    }
+    std::string missing, present;
+    for (int r = 0; r < size_; ++r) {
+      std::string& list = n.by_rank[r] ? present : missing;
+      list += (list.empty() ? "" : ", ") + std::to_string(r);
+    }
+    Log(2, "stall: '%s' was submitted by rank(s) %s but not by rank(s) %s (waiting %.0f s). "
+           "Ranks must run the same collectives.",
+        name.c_str(), present.c_str(), missing.c_str(), Seconds(now - n.first_seen) + options_.stall_warning_s / 2);
+    n.last_warning = now;
+  }
+}
+
+void Engine::Execute(std::vector<Ready>& ready) {
+  // Allreduces first (they fuse), then the rest; the order is the same on every rank.
+  std::vector<Ready*> allreduces, others;
+  for (Ready& r : ready) {
+    bool fusable = r.entry->request.kind == OpKind::kAllreduce && r.response.status.ok();
+    (fusable ? allreduces : others).push_back(&r);
+  }
+  RunAllreduces(allreduces);
+  for (Ready* r : others) {
+    Entry* e = r->entry;
+    if (timeline_.enabled()) timeline_.Phase(e->request.name, "queued", e->enqueued, r->negotiated);
+    Status status = r->response.status;
+    if (status.ok()) {
+      auto start = Clock::now();
+      switch (e->request.kind) {
+        case OpKind::kAllgather: status = RunAllgather(e, r->response); break;
+        case OpKind::kBroadcast: status = RunBroadcast(e); break;
+        case OpKind::kReducescatter: status = RunReducescatter(e); break;
+        case OpKind::kAlltoall: status = RunAlltoall(e, r->response); break;
+        case OpKind::kAllreduce: break;
+      }
+      if (timeline_.enabled()) timeline_.Phase(e->request.name, OpKindName(e->request.kind), start, Clock::now());
+    }
+    Finish(e, status);
+  }
+}
+
+void Engine::RunAllreduces(const std::vector<Ready*>& ready) {
+  // Tensors that share a dtype and an MPI reduction travel together, in negotiated order.
+  std::vector<std::pair<std::pair<DataType, MPI_Op>, std::vector<std::pair<Entry*, int>>>> groups;
+  std::vector<Entry*> entries;
+  for (Ready* r : ready) {
+    Entry* e = r->entry;
+    entries.push_back(e);
+    if (timeline_.enabled()) timeline_.Phase(e->request.name, "queued", e->enqueued, r->negotiated);
+    for (int t = 0; t < static_cast<int>(e->request.tensors.size()); ++t) {
+      DataType dtype = e->request.tensors[t].dtype;
+      auto key = std::make_pair(dtype, ToMpiOp(e->request.reduce_op, dtype));
+      auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
+      if (it == groups.end()) { groups.push_back({key, {}}); it = groups.end() - 1; }
+      it->second.push_back({e, t});
+    }
+  }
+  for (auto& [key, items] : groups) {
+    const size_t item_size = DataTypeSize(key.first);
+    size_t begin = 0;
+    while (begin < items.size()) {
+      // Pack consecutive tensors while they fit in the fusion buffer.
+      size_t end = begin, bytes = 0;
+      while (end < items.size()) {
+        size_t b = NumElements(items[end].first->request.tensors[items[end].second].shape) * item_size;
+        if (end > begin && bytes + b > fusion_buffer_.size()) break;
+        bytes += b;
+        ++end;
+      }
+      RunFusedGroup({items.begin() + begin, items.begin() + end});
+      begin = end;
+    }
+  }
+  for (Entry* e : entries) Finish(e, e->status);
+}
+
+void Engine::FinishAllreduceOutput(Entry* e, int index, void* out, int64_t count) {
+  DataType dtype = e->request.tensors[index].dtype;
+  double post = e->request.postscale;
+  if (e->request.reduce_op == ReduceOp::kAverage) {
+    if (IsFloatingPoint(dtype)) post /= size_;
+    else DivideIntegersInPlace(out, count, dtype, size_);
+  }
+  ScaleInPlace(out, count, dtype, post);
+}
+
+void Engine::RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items) {
+  const DataType dtype = items[0].first->request.tensors[items[0].second].dtype;
+  const MPI_Op op = ToMpiOp(items[0].first->request.reduce_op, dtype);
+  const size_t item_size = DataTypeSize(dtype);
+  const bool timeline = timeline_.enabled();
+
+  if (items.size() == 1) {
+    // Alone (or larger than the buffer): reduce straight into the output, no staging copy.
+    Entry* e = items[0].first;
+    int t = items[0].second;
+    int64_t count = NumElements(e->request.tensors[t].shape);
+    if (!FitsInt(count)) { e->status = TooLarge(e->request.name); return; }
+    const void* in = e->inputs[t];
+    void* out = e->outputs[t];
+    auto start = Clock::now();
+    if (e->request.prescale != 1.0) { ScaledCopy(out, in, count, dtype, e->request.prescale); in = out; }
+    int code = MPI_Allreduce(in == out ? MPI_IN_PLACE : in, out, static_cast<int>(count),
+                             ToMpiType(dtype), op, comm_);
+    auto reduced = Clock::now();
+    Status s = MpiStatus(code, "allreduce", e->request.name);
+    if (!s.ok()) { if (e->status.ok()) e->status = s; return; }
+    FinishAllreduceOutput(e, t, out, count);
+    if (timeline) {
+      timeline_.Phase(e->request.name, "allreduce", start, reduced);
+      timeline_.Phase(e->request.name, "scale", reduced, Clock::now());
+    }
+    return;
+  }
+
+  char* buffer = fusion_buffer_.data();
+  size_t offset = 0;
+  auto copy_in_start = Clock::now();
+  for (auto& [e, t] : items) {
+    int64_t count = NumElements(e->request.tensors[t].shape);
+    ScaledCopy(buffer + offset, e->inputs[t], count, dtype, e->request.prescale);
+    offset += count * item_size;
+  }
+  auto reduce_start = Clock::now();
+  int code = MPI_Allreduce(MPI_IN_PLACE, buffer, static_cast<int>(offset / item_size), ToMpiType(dtype), op, comm_);
+  auto copy_out_start = Clock::now();
+  offset = 0;
+  for (auto& [e, t] : items) {
+    int64_t count = NumElements(e->request.tensors[t].shape);
+    Status s = MpiStatus(code, "fused allreduce", e->request.name);
+    if (!s.ok()) {
+      if (e->status.ok()) e->status = s;
+    } else {
+      std::memcpy(e->outputs[t], buffer + offset, count * item_size);
+      FinishAllreduceOutput(e, t, e->outputs[t], count);
+    }
+    offset += count * item_size;
+  }
+  if (timeline) {
+    auto end = Clock::now();
+    for (auto& [e, t] : items) {
+      timeline_.Phase(e->request.name, "copy_in", copy_in_start, reduce_start);
+      timeline_.Phase(e->request.name, "allreduce", reduce_start, copy_out_start);
+      timeline_.Phase(e->request.name, "copy_out", copy_out_start, end);
+    }
+  }
+}
+
+Status Engine::RunAllgather(Entry* e, const Response& r) {
+  const TensorSpec& spec = e->request.tensors[0];
+  const int64_t row = RowElements(spec.shape);
+  Shape out_shape = spec.shape;
+  out_shape[0] = 0;
+  std::vector<int64_t> counts(size_);
+  for (int i = 0; i < size_; ++i) {
+    out_shape[0] += r.rank_rows[i];
+    counts[i] = r.rank_rows[i] * row;
+  }
+  void* out = nullptr;
+  Status s = e->allocate(0, out_shape, &out);
+  if (!s.ok()) return s;
+  bool ok = FitsInt(NumElements(out_shape));
+  std::vector<int> icounts = ToIntCounts(counts, &ok);
+  std::vector<int> displs = Displacements(icounts, &ok);
+  if (!ok) return TooLarge(e->request.name);
+  MPI_Datatype type = ToMpiType(spec.dtype);
+  return MpiStatus(MPI_Allgatherv(e->inputs[0], icounts[rank_], type, out, icounts.data(),
+                                  displs.data(), type, comm_),
+                   "allgather", e->request.name);
+}
+
+Status Engine::RunBroadcast(Entry* e) {
+  const TensorSpec& spec = e->request.tensors[0];
+  int64_t count = NumElements(spec.shape);
+  if (!FitsInt(count)) return TooLarge(e->request.name);
+  if (rank_ == e->request.root_rank && e->inputs[0] != e->outputs[0]) {
+    std::memcpy(e->outputs[0], e->inputs[0], count * DataTypeSize(spec.dtype));
+  }
+  return MpiStatus(MPI_Bcast(e->outputs[0], static_cast<int>(count), ToMpiType(spec.dtype),
+                             e->request.root_rank, comm_),
+                   "broadcast", e->request.name);
+}
+
+Status Engine::RunReducescatter(Entry* e) {
+  const TensorSpec& spec = e->request.tensors[0];
+  const int64_t rows = spec.shape[0], row = RowElements(spec.shape);
+  std::vector<int64_t> counts(size_);
+  for (int i = 0; i < size_; ++i) counts[i] = (rows / size_ + (i < rows % size_ ? 1 : 0)) * row;
+  bool ok = FitsInt(NumElements(spec.shape));
+  std::vector<int> icounts = ToIntCounts(counts, &ok);
+  if (!ok) return TooLarge(e->request.name);
+  const void* in = e->inputs[0];
+  std::vector<char> scaled;
+  if (e->request.prescale != 1.0) {
+    scaled.resize(NumElements(spec.shape) * DataTypeSize(spec.dtype));
+    ScaledCopy(scaled.data(), in, NumElements(spec.shape), spec.dtype, e->request.prescale);
+    in = scaled.data();
+  }
+  int code = MPI_Reduce_scatter(in, e->outputs[0], icounts.data(), ToMpiType(spec.dtype),
+                                ToMpiOp(e->request.reduce_op, spec.dtype), comm_);
+  Status s = MpiStatus(code, "reducescatter", e->request.name);
+  if (s.ok()) FinishAllreduceOutput(e, 0, e->outputs[0], counts[rank_]);
+  return s;
+}
+
+Status Engine::RunAlltoall(Entry* e, const Response& r) {
+  const TensorSpec& spec = e->request.tensors[0];
+  const int64_t row = RowElements(spec.shape);
+  std::vector<int64_t> send(size_), recv(size_);
+  Shape out_shape = spec.shape;
+  out_shape[0] = 0;
+  for (int i = 0; i < size_; ++i) {
+    send[i] = r.alltoall_rows[rank_ * size_ + i] * row;
+    recv[i] = r.alltoall_rows[i * size_ + rank_] * row;
+    out_shape[0] += r.alltoall_rows[i * size_ + rank_];
+  }
+  void* out = nullptr;
+  void* splits_out = nullptr;
+  Status s = e->allocate(0, out_shape, &out);
+  if (s.ok()) s = e->allocate(1, Shape{size_}, &splits_out);
+  if (!s.ok()) return s;
+  for (int i = 0; i < size_; ++i) {
+    static_cast<int32_t*>(splits_out)[i] = static_cast<int32_t>(r.alltoall_rows[i * size_ + rank_]);
+  }
+  bool ok = FitsInt(NumElements(spec.shape)) && FitsInt(NumElements(out_shape));
+  std::vector<int> scounts = ToIntCounts(send, &ok), rcounts = ToIntCounts(recv, &ok);
+  std::vector<int> sdispls = Displacements(scounts, &ok), rdispls = Displacements(rcounts, &ok);
+  if (!ok) return TooLarge(e->request.name);
+  MPI_Datatype type = ToMpiType(spec.dtype);
+  return MpiStatus(MPI_Alltoallv(e->inputs[0], scounts.data(), sdispls.data(), type, out,
+                                 rcounts.data(), rdispls.data(), type, comm_),
+                   "alltoall", e->request.name);
+}
+
+void Engine::Finish(Entry* e, const Status& status) {
+  auto it = pending_.find(e->request.name);
+  std::unique_ptr<Entry> owned = std::move(it->second);
+  pending_.erase(it);
+  {
+    // Release the name before `done`: the front end may reuse it at once.
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.erase(owned->request.name);
+  }
+  owned->done(status);
+}
+
+void Engine::FailAllPending(const Status& status) {
+  std::vector<std::unique_ptr<Entry>> failed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& e : incoming_) failed.push_back(std::move(e));
+    incoming_.clear();
+    for (auto& [name, e] : pending_) failed.push_back(std::move(e));
+    pending_.clear();
+    in_flight_.clear();
+  }
+  for (auto& e : failed) {
+    e->done(Status{status.code, status.message + " ['" + e->request.name + "']"});
+  }
+}
+
+std::string Engine::PendingNames(size_t limit) const {
+  std::string names;
+  size_t n = 0;
+  for (const auto& [name, e] : pending_) {
+    if (n++ == limit) { names += ", ..."; break; }
+    names += (names.empty() ? "'" : ", '") + name + "'";
+  }
+  if (names.empty()) names = "(none: waiting to shut down)";
+  return names + " (" + std::to_string(pending_.size()) + " total)";
+}
+
+}  // namespace kerasdist

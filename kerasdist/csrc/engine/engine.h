@@ -1,0 +1,142 @@
+// The engine: one background thread that agrees with the other ranks on which requests are
+// ready and in what order, then runs them (fused where possible) on its own communicator.
+//
+// Negotiation, once per cycle:
+//  * fast path: each rank sets one bit per cached request it has pending; one bitwise-AND
+//    allreduce says which are pending everywhere. Flag bits in word 0 (inverted, so AND acts
+//    as OR) say whether any rank has something for the slow path or is shutting down.
+//  * slow path: ranks send first-seen requests to rank 0, which validates that all ranks
+//    agree, answers with an ordered response list (errors included) and assigns cache ids.
+// Every rank applies the same responses in the same order, so results never pair the
+// wrong tensors and a disagreement is an error on every rank instead of a hang.
+#pragma once
+
+#include <mpi.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "common.h"
+#include "timeline.h"
+
+namespace kerasdist {
+
+struct EngineOptions {
+  int64_t fusion_threshold_bytes = 64 << 20;  // 0 disables fusion
+  double cycle_time_ms = 0.0;                 // coalescing window after work arrives
+  double stall_warning_s = 60.0;              // 0 disables warnings
+  double stall_timeout_s = 0.0;               // 0: wait forever
+  int cache_capacity = 1024;                  // requests that may take the fast path
+  std::string timeline_path;                  // written by rank 0 when set
+  int log_level = 2;                          // 0 debug, 1 info, 2 warning, 3 error
+};
+
+class Engine {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  static Engine& Get();
+
+  // MPI must already be initialized with MPI_THREAD_MULTIPLE (mpi4py does this).
+  Status Start(const EngineOptions& options);
+  // Fails what is pending and stops the thread; every rank should call it (atexit does).
+  void Shutdown();
+  bool running() const;
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Hands one request to the engine. On an error return, `done` is not called.
+  Status Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
+                 AllocateFn allocate, DoneFn done);
+
+ private:
+  struct Entry {
+    Request request;
+    std::string signature;
+    std::vector<const void*> inputs;
+    std::vector<void*> outputs;
+    AllocateFn allocate;
+    DoneFn done;
+    Clock::time_point enqueued;
+    bool reported = false;  // sent to rank 0 through the slow path
+    Status status;          // first failure while running
+  };
+  struct Ready {
+    Entry* entry;
+    Response response;
+    Clock::time_point negotiated;
+  };
+  struct CacheSlot {
+    bool used = false;
+    std::string name;
+    std::string signature;  // this rank's own request when the slot was filled
+    Response response;
+  };
+  struct Negotiation {  // rank 0 only: a name some ranks have sent
+    std::vector<std::unique_ptr<Request>> by_rank;
+    int count = 0;
+    Clock::time_point first_seen;
+    Clock::time_point last_warning;
+  };
+
+  void Loop();
+  // Returns false when the engine must stop (shutdown agreed or a fatal error).
+  bool RunCycle(bool* progress);
+  Status WaitForPeers(MPI_Request* request);
+  bool SlowPath(const std::vector<int32_t>& invalidations, std::vector<Ready>* ready);
+  void CoordinatorStep(const std::vector<std::vector<char>>& messages, std::vector<int32_t>* evicted, std::vector<Response>* responses);
+  Response Validate(const std::string& name, const std::vector<std::unique_ptr<Request>>& by_rank);
+  int32_t AssignCacheId(std::vector<int32_t>* evicted);
+  void ApplyCacheChanges(const std::vector<int32_t>& evicted, const std::vector<Response>& responses);
+  void Execute(std::vector<Ready>& ready);
+  void RunAllreduces(const std::vector<Ready*>& ready);
+  void RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items);
+  Status RunAllgather(Entry* e, const Response& r);
+  Status RunBroadcast(Entry* e);
+  Status RunReducescatter(Entry* e);
+  Status RunAlltoall(Entry* e, const Response& r);
+  void FinishAllreduceOutput(Entry* e, int index, void* out, int64_t count);
+  void Finish(Entry* e, const Status& status);
+  void FailAllPending(const Status& status);
+  std::string PendingNames(size_t limit) const;
+  void CheckStalls(Clock::time_point now);
+
+  EngineOptions options_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0;
+  int size_ = 1;
+  size_t words_ = 1;  // bit-vector length in 64-bit words
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<Entry>> incoming_;   // guarded by mu_
+  std::unordered_set<std::string> in_flight_;      // guarded by mu_
+  bool shutdown_requested_ = false;                // guarded by mu_
+  bool stopped_ = true;                            // guarded by mu_
+  bool started_once_ = false;                      // guarded by mu_
+  Status stop_reason_;                             // guarded by mu_
+  std::thread thread_;
+
+  // Engine thread only.
+  std::map<std::string, std::unique_ptr<Entry>> pending_;
+  std::vector<CacheSlot> cache_;
+  std::unordered_map<std::string, int32_t> cache_ids_;
+  std::deque<int32_t> cache_fifo_;    // rank 0: filled slots, oldest first
+  std::vector<int32_t> free_slots_;   // rank 0
+  std::map<std::string, Negotiation> table_;  // rank 0
+  std::vector<char> fusion_buffer_;
+  Timeline timeline_;
+};
+
+void Log(int level, const char* fmt, ...);
+
+}  // namespace kerasdist

@@ -1,0 +1,311 @@
+// TensorFlow binding: op registrations and async kernels that hand tensors to the engine.
+// Ops are stateful so TF never constant-folds, merges or reorders them as pure functions;
+// kerasdist/ops.py exempts them from tf.function's automatic serialization of stateful ops.
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/shape_inference.h"
+
+#include "../engine/engine.h"
+
+namespace kerasdist {
+namespace {
+
+using ::tensorflow::AsyncOpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+absl::Status ToTf(const Status& s) {
+  switch (s.code) {
+    case StatusCode::kOk: return absl::OkStatus();
+    case StatusCode::kInvalidArgument: return absl::InvalidArgumentError(s.message);
+    case StatusCode::kFailedPrecondition: return absl::FailedPreconditionError(s.message);
+    case StatusCode::kAborted: return absl::AbortedError(s.message);
+    case StatusCode::kDeadlineExceeded: return absl::DeadlineExceededError(s.message);
+    case StatusCode::kInternal: return absl::InternalError(s.message);
+  }
+  return absl::UnknownError(s.message);
+}
+
+bool ToEngineType(::tensorflow::DataType dtype, DataType* out) {
+  switch (dtype) {
+    case ::tensorflow::DT_UINT8: *out = DataType::kUInt8; return true;
+    case ::tensorflow::DT_INT8: *out = DataType::kInt8; return true;
+    case ::tensorflow::DT_INT32: *out = DataType::kInt32; return true;
+    case ::tensorflow::DT_INT64: *out = DataType::kInt64; return true;
+    case ::tensorflow::DT_HALF: *out = DataType::kFloat16; return true;
+    case ::tensorflow::DT_BFLOAT16: *out = DataType::kBFloat16; return true;
+    case ::tensorflow::DT_FLOAT: *out = DataType::kFloat32; return true;
+    case ::tensorflow::DT_DOUBLE: *out = DataType::kFloat64; return true;
+    case ::tensorflow::DT_BOOL: *out = DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+Shape ToShape(const TensorShape& shape) {
+  Shape out;
+  for (int i = 0; i < shape.dims(); ++i) out.push_back(shape.dim_size(i));
+  return out;
+}
+
+const void* DataOf(const Tensor& t) { return t.tensor_data().data(); }
+
+// Shared by every collective kernel: name resolution, request building, completion.
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  CollectiveKernel(OpKernelConstruction* ctx, OpKind kind) : AsyncOpKernel(ctx), kind_(kind) {}
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    Request request;
+    request.kind = kind_;
+    // Eager calls pass a per-call name; inside a graph the node name identifies the call.
+    const std::string given(ctx->input(ctx->num_inputs() - 1).scalar<::tensorflow::tstring>()());
+    request.name = given.empty() ? name() : given;
+    std::vector<const void*> inputs;
+    std::vector<void*> outputs;
+    absl::Status status = Prepare(ctx, &request, &inputs, &outputs);
+    if (!status.ok()) {
+      ctx->SetStatus(status);
+      done();
+      return;
+    }
+    AllocateFn allocate = [ctx](int index, const Shape& shape, void** data) {
+      TensorShape tf_shape;
+      for (int64_t d : shape) tf_shape.AddDim(d);
+      Tensor* out = nullptr;
+      absl::Status s = ctx->allocate_output(index, tf_shape, &out);
+      if (!s.ok()) return Status::Internal("kerasdist: cannot allocate output: " + std::string(s.message()));
+      *data = const_cast<char*>(out->tensor_data().data());
+      return Status::OK();
+    };
+    DoneFn on_done = [ctx, done](const Status& s) {
+      if (!s.ok()) ctx->SetStatus(ToTf(s));
+      done();
+    };
+    Status enqueued = Engine::Get().Enqueue(std::move(request), std::move(inputs), std::move(outputs),
+                                            std::move(allocate), std::move(on_done));
+    if (!enqueued.ok()) {
+      ctx->SetStatus(ToTf(enqueued));
+      done();
+    }
+  }
+
+ protected:
+  // Fills the request's op-specific fields and the buffers known before negotiation.
+  virtual absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
+                               std::vector<void*>* outputs) = 0;
+
+  absl::Status AddTensor(OpKernelContext* ctx, int index, Request* request, std::vector<const void*>* inputs) {
+    const Tensor& t = ctx->input(index);
+    TensorSpec spec;
+    if (!ToEngineType(t.dtype(), &spec.dtype)) {
+      return absl::InvalidArgumentError("kerasdist: unsupported dtype " + ::tensorflow::DataTypeString(t.dtype()));
+    }
+    spec.shape = ToShape(t.shape());
+    request->tensors.push_back(spec);
+    inputs->push_back(DataOf(t));
+    return absl::OkStatus();
+  }
+
+  absl::Status OutputLikeInput(OpKernelContext* ctx, int index, std::vector<void*>* outputs) {
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->forward_input_or_allocate_output({index}, index, ctx->input(index).shape(), &out));
+    outputs->push_back(const_cast<char*>(out->tensor_data().data()));
+    return absl::OkStatus();
+  }
+
+ private:
+  OpKind kind_;
+};
+
+class ReducingKernel : public CollectiveKernel {
+ public:
+  ReducingKernel(OpKernelConstruction* ctx, OpKind kind) : CollectiveKernel(ctx, kind) {
+    int op = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("reduce_op", &op));
+    OP_REQUIRES(ctx, op >= 0 && op <= static_cast<int>(ReduceOp::kProduct),
+                absl::InvalidArgumentError("kerasdist: unknown reduce_op " + std::to_string(op)));
+    reduce_op_ = static_cast<ReduceOp>(op);
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("prescale_factor", &prescale_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("postscale_factor", &postscale_));
+  }
+
+ protected:
+  void SetReduction(Request* request) const {
+    request->reduce_op = reduce_op_;
+    request->prescale = prescale_;
+    request->postscale = postscale_;
+  }
+
+ private:
+  ReduceOp reduce_op_;
+  float prescale_ = 1.0f, postscale_ = 1.0f;
+};
+
+class AllreduceKernel : public ReducingKernel {
+ public:
+  explicit AllreduceKernel(OpKernelConstruction* ctx) : ReducingKernel(ctx, OpKind::kAllreduce) {}
+
+ protected:
+  absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
+                       std::vector<void*>* outputs) override {
+    SetReduction(request);
+    for (int i = 0; i < ctx->num_inputs() - 1; ++i) {
+      TF_RETURN_IF_ERROR(AddTensor(ctx, i, request, inputs));
+      TF_RETURN_IF_ERROR(OutputLikeInput(ctx, i, outputs));
+    }
+    return absl::OkStatus();
+  }
+};
+
+class AllgatherKernel : public CollectiveKernel {
+ public:
+  explicit AllgatherKernel(OpKernelConstruction* ctx) : CollectiveKernel(ctx, OpKind::kAllgather) {}
+
+ protected:
+  absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
+                       std::vector<void*>*) override {
+    return AddTensor(ctx, 0, request, inputs);
+  }
+};
+
+class BroadcastKernel : public CollectiveKernel {
+ public:
+  explicit BroadcastKernel(OpKernelConstruction* ctx) : CollectiveKernel(ctx, OpKind::kBroadcast) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("root_rank", &root_rank_));
+  }
+
+ protected:
+  absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
+                       std::vector<void*>* outputs) override {
+    request->root_rank = root_rank_;
+    TF_RETURN_IF_ERROR(AddTensor(ctx, 0, request, inputs));
+    return OutputLikeInput(ctx, 0, outputs);
+  }
+
+ private:
+  int root_rank_ = 0;
+};
+
+class ReducescatterKernel : public ReducingKernel {
+ public:
+  explicit ReducescatterKernel(OpKernelConstruction* ctx) : ReducingKernel(ctx, OpKind::kReducescatter) {}
+
+ protected:
+  absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
+                       std::vector<void*>* outputs) override {
+    SetReduction(request);
+    TF_RETURN_IF_ERROR(AddTensor(ctx, 0, request, inputs));
+    TensorShape shape = ctx->input(0).shape();
+    if (shape.dims() == 0) return absl::OkStatus();  // the engine names the error
+    const int64_t rows = shape.dim_size(0), size = Engine::Get().size(), rank = Engine::Get().rank();
+    shape.set_dim(0, rows / size + (rank < rows % size ? 1 : 0));  // lower ranks take the remainder
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, shape, &out));
+    outputs->push_back(const_cast<char*>(out->tensor_data().data()));
+    return absl::OkStatus();
+  }
+};
+
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  explicit AlltoallKernel(OpKernelConstruction* ctx) : CollectiveKernel(ctx, OpKind::kAlltoall) {}
+
+ protected:
+  absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
+                       std::vector<void*>*) override {
+    TF_RETURN_IF_ERROR(AddTensor(ctx, 0, request, inputs));
+    const Tensor& splits = ctx->input(1);
+    auto values = splits.flat<int32_t>();
+    for (int64_t i = 0; i < values.size(); ++i) request->splits.push_back(values(i));
+    return absl::OkStatus();
+  }
+};
+
+absl::Status SameShape(InferenceContext* c) {
+  for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
+  return absl::OkStatus();
+}
+
+absl::Status UnknownFirstDim(InferenceContext* c) {
+  ShapeHandle out;
+  TF_RETURN_IF_ERROR(c->ReplaceDim(c->input(0), 0, c->UnknownDim(), &out));
+  c->set_output(0, out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace kerasdist
+
+#define KD_NUMERIC "{uint8, int8, int32, int64, half, bfloat16, float, double}"
+#define KD_ANY "{uint8, int8, int32, int64, half, bfloat16, float, double, bool}"
+
+REGISTER_OP("KerasdistAllreduce")
+    .Attr("T: list(" KD_NUMERIC ")")
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Input("tensors: T")
+    .Input("tensor_name: string")
+    .Output("outputs: T")
+    .SetIsStateful()
+    .SetShapeFn(kerasdist::SameShape)
+    .Doc("Reduces each tensor across ranks as one negotiation and fusion unit.");
+
+REGISTER_OP("KerasdistAllgather")
+    .Attr("T: " KD_ANY)
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(kerasdist::UnknownFirstDim)
+    .Doc("Concatenates every rank's tensor along dim 0, in rank order.");
+
+REGISTER_OP("KerasdistBroadcast")
+    .Attr("T: " KD_ANY)
+    .Attr("root_rank: int")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(kerasdist::SameShape)
+    .Doc("Every rank receives root_rank's tensor.");
+
+REGISTER_OP("KerasdistReducescatter")
+    .Attr("T: " KD_NUMERIC)
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Input("tensor: T")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn(kerasdist::UnknownFirstDim)
+    .Doc("Reduces across ranks; each rank keeps its dim-0 shard (lower ranks take the remainder).");
+
+REGISTER_OP("KerasdistAlltoall")
+    .Attr("T: " KD_ANY)
+    .Input("tensor: T")
+    .Input("splits: int32")
+    .Input("tensor_name: string")
+    .Output("output: T")
+    .Output("received_splits: int32")
+    .SetIsStateful()
+    .SetShapeFn([](::tensorflow::shape_inference::InferenceContext* c) {
+      TF_RETURN_IF_ERROR(kerasdist::UnknownFirstDim(c));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return absl::OkStatus();
+    })
+    .Doc("Sends splits[j] rows to rank j; returns the rows received, in source-rank order.");
+
+REGISTER_KERNEL_BUILDER(Name("KerasdistAllreduce").Device(::tensorflow::DEVICE_CPU), kerasdist::AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(::tensorflow::DEVICE_CPU), kerasdist::AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(::tensorflow::DEVICE_CPU), kerasdist::BroadcastKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistReducescatter").Device(::tensorflow::DEVICE_CPU), kerasdist::ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistAlltoall").Device(::tensorflow::DEVICE_CPU), kerasdist::AlltoallKernel);

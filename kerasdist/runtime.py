@@ -1,0 +1,232 @@
+"""Process-level state: MPI start-up, ranks, the engine's knobs and life cycle.
+
+``init()`` starts MPI through mpi4py (thread level MULTIPLE), loads the op library and
+starts the engine thread. A plain ``python train.py`` is an MPI singleton: a world of size 1
+in which every collective is the identity.
+"""
+import atexit
+import ctypes
+import dataclasses
+import glob
+import os
+import sys
+import threading
+
+_LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+
+
+@dataclasses.dataclass(frozen=True)
+class Knobs:
+    """Engine settings, read once from ``KERASDIST_*`` environment variables at ``init()``."""
+
+    fusion_threshold_bytes: int = 64 * 1024 * 1024
+    cycle_time_ms: float = 0.0
+    timeline_path: str = ""
+    stall_warning_s: float = 60.0
+    stall_timeout_s: float = 1800.0
+    cache_capacity: int = 1024
+    log_level: str = "warning"
+
+    @classmethod
+    def from_environment(cls, environ=None):
+        environ = os.environ if environ is None else environ
+        defaults = cls()
+
+        def number(variable, default, kind):
+            text = environ.get(variable)
+            if text is None or text.strip() == "":
+                return default
+            try:
+                value = kind(text)
+            except ValueError:
+                raise ValueError(f"{variable}={text!r} is not a valid {kind.__name__}") from None
+            if value < 0:
+                raise ValueError(f"{variable}={text!r} must be >= 0")
+            return value
+
+        log_level = environ.get("KERASDIST_LOG_LEVEL", defaults.log_level).strip().lower()
+        if log_level not in _LOG_LEVELS:
+            raise ValueError(f"KERASDIST_LOG_LEVEL={log_level!r} must be one of {sorted(_LOG_LEVELS)}")
+        return cls(
+            fusion_threshold_bytes=number("KERASDIST_FUSION_THRESHOLD", defaults.fusion_threshold_bytes, int),
+            cycle_time_ms=number("KERASDIST_CYCLE_TIME_MS", defaults.cycle_time_ms, float),
+            timeline_path=environ.get("KERASDIST_TIMELINE", ""),
+            stall_warning_s=number("KERASDIST_STALL_WARNING_S", defaults.stall_warning_s, float),
+            stall_timeout_s=number("KERASDIST_STALL_TIMEOUT_S", defaults.stall_timeout_s, float),
+            cache_capacity=number("KERASDIST_CACHE_CAPACITY", defaults.cache_capacity, int) or 1,
+            log_level=log_level,
+        )
+
+
+@dataclasses.dataclass
+class _State:
+    comm: object  # mpi4py communicator for object collectives (a dup of the world)
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+    knobs: Knobs
+    ops: object  # the tf.load_op_library module
+    engine: ctypes.CDLL
+
+
+_state = None
+_shut_down = False
+_lock = threading.RLock()
+
+
+def _library_path():
+    here = os.path.dirname(os.path.abspath(__file__))
+    found = glob.glob(os.path.join(here, "_kerasdist_ops*.so"))
+    if not found:
+        raise ImportError(
+            "kerasdist's op library is not built; run `make build` (or "
+            "`python setup.py build_ext --inplace`) in the kerasdist checkout")
+    return found[0]
+
+
+def _import_mpi():
+    import mpi4py
+
+    if "mpi4py.MPI" not in sys.modules:
+        mpi4py.rc.thread_level = "multiple"  # the engine thread calls MPI beside Python's
+    from mpi4py import MPI
+
+    return MPI
+
+
+def init():
+    """Starts kerasdist in this process; later calls do nothing.
+
+    Collectives call it implicitly. Under a launcher every rank must call it (directly or
+    through its first collective).
+
+    Example:
+        >>> import kerasdist
+        >>> kerasdist.init()
+        >>> 0 <= kerasdist.rank() < kerasdist.size()
+        True
+    """
+    global _state
+    with _lock:
+        if _state is not None:
+            return
+        if _shut_down:
+            raise RuntimeError("kerasdist was shut down in this process and cannot be started again")
+        knobs = Knobs.from_environment()
+        MPI = _import_mpi()
+        import tensorflow as tf
+
+        world = MPI.COMM_WORLD
+        rank, size = world.Get_rank(), world.Get_size()
+        local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+        cross = world.Split(color=local.Get_rank(), key=rank)
+        path = _library_path()
+        ops = tf.load_op_library(path)
+        engine = ctypes.CDLL(path)
+        engine.kerasdist_start.argtypes = [ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                           ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        error = ctypes.create_string_buffer(1024)
+        failed = engine.kerasdist_start(knobs.fusion_threshold_bytes, knobs.cycle_time_ms, knobs.stall_warning_s,
+                                        knobs.stall_timeout_s, knobs.cache_capacity,
+                                        knobs.timeline_path.encode(), _LOG_LEVELS[knobs.log_level], error, len(error))
+        if failed:
+            raise RuntimeError(error.value.decode())
+        _state = _State(comm=world.Dup(), rank=rank, size=size, local_rank=local.Get_rank(),
+                        local_size=local.Get_size(), cross_rank=cross.Get_rank(), cross_size=cross.Get_size(),
+                        knobs=knobs, ops=ops, engine=engine)
+        local.Free()
+        cross.Free()
+        # Registered after mpi4py's import, so it runs before MPI_Finalize.
+        atexit.register(shutdown)
+        if size > 1:
+            _abort_job_on_uncaught_exception(MPI)
+
+
+def _abort_job_on_uncaught_exception(MPI):
+    """Without this, a rank that dies of an exception blocks in MPI_Finalize and the rest
+    of the job waits for it forever."""
+    previous = sys.excepthook
+
+    def abort(exc_type, exc, tb):
+        previous(exc_type, exc, tb)
+        sys.stderr.write(f"kerasdist: uncaught exception on rank {MPI.COMM_WORLD.Get_rank()}; aborting the job\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort
+
+
+def shutdown():
+    """Stops the engine; pending collectives fail. Runs at exit on its own.
+
+    Every rank should shut down: the engine agrees on it with the other ranks, and a rank
+    still waiting for a collective then gets an error instead of hanging.
+    """
+    global _state, _shut_down
+    with _lock:
+        if _state is None:
+            return
+        _state.engine.kerasdist_shutdown()
+        _state = None
+        _shut_down = True
+
+
+def is_initialized():
+    """True between ``init()`` and ``shutdown()``."""
+    return _state is not None
+
+
+def state():
+    """The live state, starting kerasdist if needed (used by the collectives)."""
+    if _state is None:
+        init()
+    return _state
+
+
+def _started():
+    if _state is None:
+        raise ValueError("kerasdist has not been initialized; call kerasdist.init() first")
+    return _state
+
+
+def rank():
+    """This process's rank in the job, 0 .. size()-1."""
+    return _started().rank
+
+
+def size():
+    """The number of processes in the job."""
+    return _started().size
+
+
+def local_rank():
+    """This process's rank among the processes on its host."""
+    return _started().local_rank
+
+
+def local_size():
+    """The number of processes on this host."""
+    return _started().local_size
+
+
+def cross_rank():
+    """The index of this host among hosts (ranks with the same local_rank, in rank order)."""
+    return _started().cross_rank
+
+
+def cross_size():
+    """The number of hosts that have a process with this local_rank."""
+    return _started().cross_size
+
+
+def mpi_built():
+    """True: the op library always runs collectives over MPI."""
+    return True
+
+
+def nccl_built():
+    """False in this build: the NCCL backend is not compiled."""
+    return False

@@ -1,0 +1,88 @@
+"""Builds kerasdist's op library: the C++ engine plus its TensorFlow binding.
+
+The library is compiled against the TensorFlow found in the build environment
+(``tf.sysconfig`` flags) and an MPI chosen in this order:
+
+1. ``KERASDIST_MPI_HOME``: a system MPI with ``include/mpi.h`` and ``lib/libmpi.so``;
+2. the PyPI ``mpich`` package installed beside this Python (the default);
+3. the ``mpicc`` on ``PATH`` (its ``-show`` / ``--showme`` flags).
+
+An rpath (``$ORIGIN``-relative, then absolute) lets ``tf.load_op_library`` find
+``libmpi`` without ``LD_LIBRARY_PATH``. mpi4py must use the same MPI.
+"""
+import glob
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, find_packages, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CSRC = os.path.join("kerasdist", "csrc")
+
+
+def mpi_flags():
+    """Returns (compile_flags, link_flags, lib_dirs, description) for the chosen MPI."""
+    home = os.environ.get("KERASDIST_MPI_HOME")
+    if home:
+        lib = os.path.join(home, "lib")
+        return [f"-I{os.path.join(home, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], f"KERASDIST_MPI_HOME={home}"
+    if os.path.exists(os.path.join(sys.prefix, "include", "mpi.h")):
+        lib = os.path.join(sys.prefix, "lib")
+        return [f"-I{os.path.join(sys.prefix, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], "PyPI mpich"
+    mpicc = shutil.which("mpicc")
+    if not mpicc:
+        sys.exit("kerasdist: no MPI found. `pip install mpich`, or set KERASDIST_MPI_HOME, or put mpicc on PATH.")
+    for show in ("-show", "--showme"):
+        try:
+            words = shlex.split(subprocess.check_output([mpicc, show], text=True, stderr=subprocess.DEVNULL))
+            break
+        except (subprocess.CalledProcessError, OSError):
+            continue
+    else:
+        sys.exit(f"kerasdist: {mpicc} answers neither -show nor --showme")
+    compile_flags = [w for w in words[1:] if w.startswith(("-I", "-D"))]
+    link_flags = [w for w in words[1:] if w.startswith(("-L", "-l", "-Wl"))]
+    lib_dirs = [w[2:] for w in link_flags if w.startswith("-L")]
+    return compile_flags, link_flags, lib_dirs, f"mpicc at {mpicc}"
+
+
+class BuildOpLibrary(build_ext):
+    """Compiles with TensorFlow's and MPI's flags instead of Python's extension defaults."""
+
+    def build_extension(self, ext):
+        import tensorflow as tf  # only needed at build time
+
+        mpi_compile, mpi_link, mpi_lib_dirs, mpi_source = mpi_flags()
+        out_path = self.get_ext_fullpath(ext.name)
+        out_dir = os.path.dirname(os.path.abspath(out_path))
+        tf_lib_dir = tf.sysconfig.get_lib()
+        rpaths = []
+        for lib_dir in mpi_lib_dirs + [tf_lib_dir]:
+            rpaths += ["$ORIGIN/" + os.path.relpath(lib_dir, out_dir), os.path.abspath(lib_dir)]
+        ext.extra_compile_args = ["-O2", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-deprecated-declarations"] + tf.sysconfig.get_compile_flags() + mpi_compile
+        ext.extra_link_args = tf.sysconfig.get_link_flags() + mpi_link + [f"-Wl,-rpath,{p}" for p in rpaths]
+        # Python's own CFLAGS (e.g. -DNDEBUG -g -fwrapv) are harmless; its C++ std flag is ours.
+        super().build_extension(ext)
+        with open(os.path.join(out_dir, "build_info.json"), "w") as f:
+            json.dump({"mpi": mpi_source, "mpi_link_flags": mpi_link, "nccl": False,
+                       "tensorflow": tf.__version__}, f, indent=1)
+
+
+sources = sorted(glob.glob(os.path.join(CSRC, "engine", "*.cc")) + glob.glob(os.path.join(CSRC, "tensorflow", "*.cc")))
+headers = sorted(glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True))
+
+setup(
+    name="kerasdist",
+    version="0.1.0",
+    description="Data-parallel Keras 3 / TensorFlow training over MPI",
+    packages=find_packages(include=["kerasdist", "kerasdist.*"]),
+    ext_modules=[Extension("kerasdist._kerasdist_ops", sources=sources, depends=headers, language="c++")],
+    cmdclass={"build_ext": BuildOpLibrary},
+    python_requires=">=3.10",
+    install_requires=["tensorflow>=2.16", "keras>=3.10,<4", "mpi4py>=4", "numpy"],
+)
