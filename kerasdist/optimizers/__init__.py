@@ -1,0 +1,12 @@
+"""Large-batch optimizers: LARS and LAMB, with their last per-layer trust ratios readable.
+
+Pure Keras 3 (no collectives), so importable without kerasdist's compiled library. Both classes
+are registered as Keras serializables under the package "kerasdist" (`"kerasdist>LARS"`,
+`"kerasdist>LAMB"`): once this module is imported, `keras.saving.load_model` needs no
+`custom_objects` for them.
+"""
+
+from kerasdist.optimizers.lamb import LAMB
+from kerasdist.optimizers.lars import LARS
+
+__all__ = ["LAMB", "LARS"]
