@@ -1,0 +1,44 @@
+# One venv in .venv/, everything installed from this repo's files. Targets are idempotent:
+# a second run reuses the venv and recompiles the op library only when its sources changed.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+MPIEXEC := $(VENV)/bin/mpiexec
+# One math thread per rank: ranks share the cores, and oversubscription distorts timings.
+RUN_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
+OP_LIBRARY_SOURCES := setup.py $(wildcard kerasdist/csrc/*/*.cc kerasdist/csrc/*/*.h)
+
+.PHONY: venv build test demo bench clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	touch $@
+
+build: $(VENV)/.built
+
+$(VENV)/.built: $(VENV)/.installed $(OP_LIBRARY_SOURCES)
+	$(PY) setup.py -q build_ext --inplace
+	touch $@
+
+# Size 1 runs everything (tests/launch spawns its own mpiexec jobs); the collectives suite
+# then runs inside 2 and 3 ranks. Each mpiexec is bounded so a hang fails instead of waiting.
+test: build
+	$(RUN_ENV) $(PY) -m pytest -q tests
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
+
+# The main job: two processes train a classifier on scikit-learn's bundled digits.
+demo: build
+	$(RUN_ENV) timeout 300 $(MPIEXEC) -n 2 $(PY) examples/allreduce_digits.py
+
+bench: build
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py
+	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only_many_small
+
+clean:
+	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built
