@@ -170,8 +170,17 @@ def shutdown():
         if _state is None:
             return
         _state.engine.kerasdist_shutdown()
+        stalled = _state.engine.kerasdist_stalled()
+        size = _state.size
         _state = None
         _shut_down = True
+    if stalled and size > 1:
+        # The other ranks may be blocked in a collective this rank gave up on; only an
+        # abort ends the job then, and a stalled job must not look successful.
+        MPI = _import_mpi()
+        sys.stderr.write("kerasdist: the job stalled (see the error above); aborting all ranks\n")
+        sys.stderr.flush()
+        MPI.COMM_WORLD.Abort(1)
 
 
 def is_initialized():

@@ -28,4 +28,7 @@ void kerasdist_shutdown() { kerasdist::Engine::Get().Shutdown(); }
 
 int kerasdist_running() { return kerasdist::Engine::Get().running() ? 1 : 0; }
 
+// 1 when the engine gave up waiting for other ranks: its communicator is then unusable.
+int kerasdist_stalled() { return kerasdist::Engine::Get().stalled() ? 1 : 0; }
+
 }  // extern "C"

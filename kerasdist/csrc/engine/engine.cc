@@ -109,6 +109,11 @@ bool Engine::running() const {
   return !stopped_;
 }
 
+bool Engine::stalled() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_reason_.code == StatusCode::kDeadlineExceeded;
+}
+
 Status Engine::Start(const EngineOptions& options) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!stopped_) return Status::OK();
@@ -262,20 +267,19 @@ void Engine::Loop() {
 Status Engine::WaitForPeers(MPI_Request* request) {
   const auto start = Clock::now();
   auto next_warning = start + std::chrono::duration<double>(options_.stall_warning_s);
-  int spins = 0;
   while (true) {
     int done = 0;
     int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (code != MPI_SUCCESS) return MpiStatus(code, "negotiation", "(cycle)");
     if (done) return Status::OK();
-    // Poll gently: MPI's own wait spins a core, and on small machines that core trains the model.
-    if (++spins < 64) {
+    // Peers usually arrive within microseconds: yield first, then poll gently, since MPI's
+    // own wait spins a core and on small machines that core trains the model.
+    const double waited = Seconds(Clock::now() - start);
+    if (waited < 200e-6) {
       std::this_thread::yield();
       continue;
     }
-    auto waited = Clock::now() - start;
-    std::this_thread::sleep_for(Seconds(waited) < 0.01 ? std::chrono::microseconds(20)
-                                                        : std::chrono::microseconds(500));
+    std::this_thread::sleep_for(waited < 0.01 ? std::chrono::microseconds(20) : std::chrono::microseconds(500));
     auto now = Clock::now();
     if (options_.stall_warning_s > 0 && now >= next_warning) {
       Log(2, "waited %.0f s for other ranks to submit collectives; pending on this rank: %s. "

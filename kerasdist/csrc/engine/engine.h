@@ -51,6 +51,7 @@ class Engine {
   // Fails what is pending and stops the thread; every rank should call it (atexit does).
   void Shutdown();
   bool running() const;
+  bool stalled() const;
   int rank() const { return rank_; }
   int size() const { return size_; }
 
