@@ -38,7 +38,7 @@ demo: build
 
 bench: build
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py
-	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only_many_small
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only=many --fusion_threshold=0
 
 clean:
 	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built

@@ -15,10 +15,11 @@ from kerasdist import runtime
 
 _OP_TYPES = ("KerasdistAllreduce", "KerasdistAllgather", "KerasdistBroadcast",
              "KerasdistReducescatter", "KerasdistAlltoall")
-# The ops are stateful so TF never folds or merges them, but they need no program order:
-# the engine negotiates the order, and serializing them would defeat tensor fusion.
-auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS = (
-    auto_control_deps.SKIPPED_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset(_OP_TYPES))
+# The ops are stateful, so tf.function never prunes one whose result a rank leaves unused (the
+# other ranks would wait for it). They need no program order, though: the engine negotiates
+# one, and serializing them like other stateful ops would defeat tensor fusion.
+auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
+    auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset(_OP_TYPES))
 
 
 class ReduceOp(enum.IntEnum):
@@ -35,13 +36,16 @@ Average, Sum, Min, Max, Product = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, 
 
 
 class _Cast:
-    """Sends floating-point tensors in a narrower dtype and restores their own afterwards."""
+    """Sends float32/float64 tensors in a 16-bit dtype and restores their own afterwards.
+
+    16-bit tensors pass unchanged: float16 through bf16 would lose precision, not bytes.
+    """
 
     def __init__(self, wire_dtype):
         self.wire_dtype = wire_dtype
 
     def compress(self, tensor):
-        if tensor.dtype.is_floating and tensor.dtype != self.wire_dtype:
+        if tensor.dtype in (tf.float32, tf.float64):
             return tf.cast(tensor, self.wire_dtype), tensor.dtype
         return tensor, None
 
@@ -90,6 +94,10 @@ def _ops():
     return runtime.state().ops
 
 
+def _scale(factor):
+    return tf.convert_to_tensor(factor, tf.float64)
+
+
 def _check_reduce_op(op):
     try:
         return ReduceOp(op)
@@ -124,8 +132,8 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
         return []
     compressed, originals = zip(*(compression.compress(t) for t in tensors))
     reduced = _ops().kerasdist_allreduce(
-        list(compressed), tensor_name=_tensor_name("allreduce", name), reduce_op=int(op),
-        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        list(compressed), _scale(prescale_factor), _scale(postscale_factor),
+        tensor_name=_tensor_name("allreduce", name), reduce_op=int(op))
     return [compression.decompress(t, d) for t, d in zip(reduced, originals)]
 
 
@@ -156,8 +164,7 @@ def _allreduce_indexed_slices(slices, op, name, scale, compression):
     indices = allgather(slices.indices, name=name and f"{name}.indices")
     if op == Average:
         scale = scale / runtime.state().size
-    if scale != 1.0:
-        values = values * tf.cast(scale, values.dtype)
+    values = values * tf.cast(scale, values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
@@ -214,8 +221,8 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
     """
     op = _check_reduce_op(op)
     return _ops().kerasdist_reducescatter(
-        tf.convert_to_tensor(tensor), tensor_name=_tensor_name("reducescatter", name), reduce_op=int(op),
-        prescale_factor=prescale_factor, postscale_factor=postscale_factor)
+        tf.convert_to_tensor(tensor), _scale(prescale_factor), _scale(postscale_factor),
+        tensor_name=_tensor_name("reducescatter", name), reduce_op=int(op))
 
 
 def alltoall(tensor, splits=None, name=None):
@@ -261,9 +268,9 @@ def _allreduce_grad(op, *grads):
     reduce_op = ReduceOp(op.get_attr("reduce_op"))
     if reduce_op not in (Sum, Average):
         raise ValueError(f"kerasdist.allreduce with op={reduce_op.name} has no gradient; use Sum or Average")
-    summed = grouped_allreduce(list(grads), reduce_op, prescale_factor=op.get_attr("prescale_factor"),
-                               postscale_factor=op.get_attr("postscale_factor"))
-    return summed + [None]
+    prescale, postscale, _ = op.inputs[-3:]
+    summed = grouped_allreduce(list(grads), reduce_op, prescale_factor=prescale, postscale_factor=postscale)
+    return summed + [None, None, None]
 
 
 @tf.RegisterGradient("KerasdistAllgather")
@@ -288,11 +295,11 @@ def _reducescatter_grad(op, grad):
     reduce_op = ReduceOp(op.get_attr("reduce_op"))
     if reduce_op not in (Sum, Average):
         raise ValueError(f"kerasdist.reducescatter with op={reduce_op.name} has no gradient; use Sum or Average")
-    scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
+    scale = op.inputs[1] * op.inputs[2]
     if reduce_op == Average:
         scale /= runtime.state().size
     gathered = allgather(grad)
-    return [gathered * tf.cast(scale, gathered.dtype) if scale != 1.0 else gathered, None]
+    return [gathered * tf.cast(scale, gathered.dtype), None, None, None]
 
 
 @tf.RegisterGradient("KerasdistAlltoall")

@@ -233,6 +233,7 @@ Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::ve
           std::to_string(rank_) + "; give concurrent collectives distinct names");
     }
     incoming_.push_back(std::move(entry));
+    work_arrived_.store(true, std::memory_order_release);
   }
   cv_.notify_one();
   return Status::OK();
@@ -241,6 +242,14 @@ Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::ve
 void Engine::Loop() {
   auto backoff = std::chrono::microseconds(0);
   while (true) {
+    if (pending_.empty()) {
+      // A training step issues collectives back to back: a short spin catches the next one
+      // without the cost of a sleep and wake-up.
+      const auto spin_until = Clock::now() + std::chrono::microseconds(50);
+      while (!work_arrived_.load(std::memory_order_acquire) && Clock::now() < spin_until) {
+        std::this_thread::yield();
+      }
+    }
     {
       std::unique_lock<std::mutex> lock(mu_);
       // Idle: sleep until work or shutdown arrives. No rank needs an idle rank in a cycle:
@@ -305,6 +314,7 @@ bool Engine::RunCycle(bool* progress) {
       pending_.emplace(std::move(name), std::move(e));
     }
     incoming_.clear();
+    work_arrived_.store(false, std::memory_order_release);
     shutting_down = shutdown_requested_;
   }
   const auto now = Clock::now();

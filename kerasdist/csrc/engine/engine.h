@@ -13,6 +13,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -125,6 +126,7 @@ class Engine {
   bool stopped_ = true;                            // guarded by mu_
   bool started_once_ = false;                      // guarded by mu_
   Status stop_reason_;                             // guarded by mu_
+  std::atomic<bool> work_arrived_{false};           // incoming_ non-empty, readable without mu_
   std::thread thread_;
 
   // Engine thread only.

@@ -1,6 +1,7 @@
 // TensorFlow binding: op registrations and async kernels that hand tensors to the engine.
-// Ops are stateful so TF never constant-folds, merges or reorders them as pure functions;
-// kerasdist/ops.py exempts them from tf.function's automatic serialization of stateful ops.
+// Ops are stateful so TF never constant-folds, merges or prunes them (a collective must run on
+// every rank even where its result is unused); kerasdist/ops.py lets tf.function run them in
+// any order instead of serializing them like other stateful ops.
 #include <string>
 #include <vector>
 
@@ -124,28 +125,29 @@ class CollectiveKernel : public AsyncOpKernel {
   OpKind kind_;
 };
 
+// Inputs end with (..., prescale_factor, postscale_factor, tensor_name). The factors are
+// float64 tensors, not float attrs, so float64 data is scaled exactly.
 class ReducingKernel : public CollectiveKernel {
  public:
+  static constexpr int kTrailingInputs = 3;
+
   ReducingKernel(OpKernelConstruction* ctx, OpKind kind) : CollectiveKernel(ctx, kind) {
     int op = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("reduce_op", &op));
     OP_REQUIRES(ctx, op >= 0 && op <= static_cast<int>(ReduceOp::kProduct),
                 absl::InvalidArgumentError("kerasdist: unknown reduce_op " + std::to_string(op)));
     reduce_op_ = static_cast<ReduceOp>(op);
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("prescale_factor", &prescale_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("postscale_factor", &postscale_));
   }
 
  protected:
-  void SetReduction(Request* request) const {
+  void SetReduction(OpKernelContext* ctx, Request* request) const {
     request->reduce_op = reduce_op_;
-    request->prescale = prescale_;
-    request->postscale = postscale_;
+    request->prescale = ctx->input(ctx->num_inputs() - 3).scalar<double>()();
+    request->postscale = ctx->input(ctx->num_inputs() - 2).scalar<double>()();
   }
 
  private:
   ReduceOp reduce_op_;
-  float prescale_ = 1.0f, postscale_ = 1.0f;
 };
 
 class AllreduceKernel : public ReducingKernel {
@@ -155,8 +157,8 @@ class AllreduceKernel : public ReducingKernel {
  protected:
   absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
                        std::vector<void*>* outputs) override {
-    SetReduction(request);
-    for (int i = 0; i < ctx->num_inputs() - 1; ++i) {
+    SetReduction(ctx, request);
+    for (int i = 0; i < ctx->num_inputs() - kTrailingInputs; ++i) {
       TF_RETURN_IF_ERROR(AddTensor(ctx, i, request, inputs));
       TF_RETURN_IF_ERROR(OutputLikeInput(ctx, i, outputs));
     }
@@ -200,7 +202,7 @@ class ReducescatterKernel : public ReducingKernel {
  protected:
   absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
                        std::vector<void*>* outputs) override {
-    SetReduction(request);
+    SetReduction(ctx, request);
     TF_RETURN_IF_ERROR(AddTensor(ctx, 0, request, inputs));
     TensorShape shape = ctx->input(0).shape();
     if (shape.dims() == 0) return absl::OkStatus();  // the engine names the error
@@ -249,9 +251,9 @@ absl::Status UnknownFirstDim(InferenceContext* c) {
 REGISTER_OP("KerasdistAllreduce")
     .Attr("T: list(" KD_NUMERIC ")")
     .Attr("reduce_op: int")
-    .Attr("prescale_factor: float = 1.0")
-    .Attr("postscale_factor: float = 1.0")
     .Input("tensors: T")
+    .Input("prescale_factor: double")
+    .Input("postscale_factor: double")
     .Input("tensor_name: string")
     .Output("outputs: T")
     .SetIsStateful()
@@ -280,9 +282,9 @@ REGISTER_OP("KerasdistBroadcast")
 REGISTER_OP("KerasdistReducescatter")
     .Attr("T: " KD_NUMERIC)
     .Attr("reduce_op: int")
-    .Attr("prescale_factor: float = 1.0")
-    .Attr("postscale_factor: float = 1.0")
     .Input("tensor: T")
+    .Input("prescale_factor: double")
+    .Input("postscale_factor: double")
     .Input("tensor_name: string")
     .Output("output: T")
     .SetIsStateful()
