@@ -1,0 +1,133 @@
+"""Runtime queries and the object collectives: rank/size/topology, init,
+broadcast_object, allgather_object, barrier."""
+
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasdist as kd
+from kd_testutil import RANK, SIZE, needs_two_ranks
+
+
+def _launcher_rank_size():
+    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"),
+                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+        if rank_var in os.environ and size_var in os.environ:
+            return int(os.environ[rank_var]), int(os.environ[size_var])
+    return 0, 1
+
+
+def test_mpi_built_is_true():
+    assert kd.mpi_built() is True
+
+
+def test_nccl_built_is_a_bool():
+    assert isinstance(kd.nccl_built(), bool)
+
+
+def test_init_is_idempotent_and_keeps_the_world():
+    kd.init()
+    kd.init()
+    assert kd.is_initialized()
+    assert (kd.rank(), kd.size()) == (RANK, SIZE)
+    total = kd.allreduce(tf.constant([1.0]), op=kd.Sum)
+    assert total.numpy().tolist() == [float(SIZE)]
+
+
+def test_rank_and_size_match_the_launcher():
+    assert (kd.rank(), kd.size()) == _launcher_rank_size()
+
+
+def test_every_rank_has_a_distinct_rank():
+    assert kd.allgather_object(kd.rank()) == list(range(SIZE))
+
+
+def test_local_and_cross_ranks_describe_the_hosts():
+    mine = dict(host=socket.gethostname(), rank=kd.rank(),
+                local_rank=kd.local_rank(), local_size=kd.local_size(),
+                cross_rank=kd.cross_rank(), cross_size=kd.cross_size())
+    world = kd.allgather_object(mine)
+    assert [info["rank"] for info in world] == list(range(SIZE))
+
+    hosts = sorted({info["host"] for info in world},
+                   key=lambda h: min(i["rank"] for i in world if i["host"] == h))
+    for host_index, host in enumerate(hosts):
+        on_host = [info for info in world if info["host"] == host]
+        # Local ranks number the host's processes in global-rank order.
+        assert [info["local_rank"] for info in on_host] == list(range(len(on_host)))
+        assert {info["local_size"] for info in on_host} == {len(on_host)}
+        assert {info["cross_rank"] for info in on_host} == {host_index}
+    assert {info["cross_size"] for info in world} == {len(hosts)}
+    assert mine["local_size"] * mine["cross_size"] == SIZE  # homogeneous layout
+    if len(hosts) == 1:
+        assert (mine["local_rank"], mine["local_size"]) == (RANK, SIZE)
+        assert (mine["cross_rank"], mine["cross_size"]) == (0, 1)
+
+
+def _object_of(rank):
+    return {"rank": rank, "items": list(range(rank + 3)), "text": "r" * rank,
+            "nested": {"tuple": (rank, "x"), "none": None},
+            "array": np.arange(rank + 2, dtype=np.float32) * 1.5}
+
+
+def _assert_same_object(got, expected):
+    assert got.keys() == expected.keys()
+    for key in expected:
+        if isinstance(expected[key], np.ndarray):
+            np.testing.assert_array_equal(got[key], expected[key])
+            assert got[key].dtype == expected[key].dtype
+        else:
+            assert got[key] == expected[key]
+
+
+@pytest.mark.parametrize("root", ["first", "last"])
+def test_broadcast_object_returns_the_root_object(root):
+    root_rank = 0 if root == "first" else SIZE - 1
+    got = kd.broadcast_object(_object_of(RANK), root_rank=root_rank)
+    _assert_same_object(got, _object_of(root_rank))
+
+
+def test_broadcast_object_defaults_to_root_zero():
+    got = kd.broadcast_object(_object_of(RANK))
+    _assert_same_object(got, _object_of(0))
+
+
+def test_broadcast_object_of_a_large_payload():
+    payload = bytes([RANK % 256]) * (1 << 20)
+    got = kd.broadcast_object(payload, root_rank=SIZE - 1)
+    assert got == bytes([(SIZE - 1) % 256]) * (1 << 20)
+
+
+def test_allgather_object_lists_objects_in_rank_order():
+    got = kd.allgather_object(_object_of(RANK))
+    assert len(got) == SIZE
+    for rank, obj in enumerate(got):
+        _assert_same_object(obj, _object_of(rank))
+
+
+def test_allgather_object_with_sizes_differing_per_rank():
+    got = kd.allgather_object(b"z" * (100_000 * RANK + 1))
+    assert [len(obj) for obj in got] == [100_000 * r + 1 for r in range(SIZE)]
+
+
+def test_barrier_returns():
+    kd.barrier()
+    kd.barrier()
+
+
+@needs_two_ranks
+def test_barrier_waits_for_the_slowest_rank():
+    delay = 0.5
+    kd.barrier()
+    if RANK == 0:
+        time.sleep(delay)
+    start = time.monotonic()
+    kd.barrier()
+    waited = time.monotonic() - start
+    if RANK != 0:
+        # Generous: ranks leave the first barrier a few ms apart.
+        assert waited > delay / 2, f"rank {RANK} left the barrier after {waited:.3f}s"
