@@ -16,6 +16,8 @@ namespace {
 constexpr uint64_t kNobodyReports = 1;   // word 0, bit 0 (AND: set only if no rank reports)
 constexpr uint64_t kNobodyStops = 2;     // word 0, bit 1
 constexpr int kFlagBits = 64;            // cache bits start at word 1
+constexpr int kTagStallQuery = 17;       // point-to-point tags on the engine's communicator
+constexpr int kTagStallReply = 18;
 
 int g_log_level = 2;
 int g_log_rank = 0;
@@ -254,7 +256,13 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       // Idle: sleep until work or shutdown arrives. No rank needs an idle rank in a cycle:
       // the others' requests can't be ready before this rank enqueues them too.
-      cv_.wait(lock, [&] { return !incoming_.empty() || !pending_.empty() || shutdown_requested_; });
+      auto has_work = [&] { return !incoming_.empty() || !pending_.empty() || shutdown_requested_; };
+      while (!cv_.wait_for(lock, std::chrono::milliseconds(200), has_work)) {
+        // Idle but awake now and then, so a rank waiting for this one can learn it is idle.
+        lock.unlock();
+        AnswerStallQueries();
+        lock.lock();
+      }
       if (backoff.count() > 0 && incoming_.empty() && !shutdown_requested_) {
         // Last cycle made no progress: give the other ranks time to enqueue, but wake at once
         // when this rank gets new work.
@@ -276,11 +284,17 @@ void Engine::Loop() {
 Status Engine::WaitForPeers(MPI_Request* request) {
   const auto start = Clock::now();
   auto next_warning = start + std::chrono::duration<double>(options_.stall_warning_s);
+  bool asked = false;
+  in_negotiation_ = true;
   while (true) {
     int done = 0;
     int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (code != MPI_SUCCESS) return MpiStatus(code, "negotiation", "(cycle)");
-    if (done) return Status::OK();
+    if (done) {
+      in_negotiation_ = false;
+      ++cycles_done_;
+      return Status::OK();
+    }
     // Peers usually arrive within microseconds: yield first, then poll gently, since MPI's
     // own wait spins a core and on small machines that core trains the model.
     const double waited = Seconds(Clock::now() - start);
@@ -289,20 +303,66 @@ Status Engine::WaitForPeers(MPI_Request* request) {
       continue;
     }
     std::this_thread::sleep_for(waited < 0.01 ? std::chrono::microseconds(20) : std::chrono::microseconds(500));
+    if (waited < 0.01) continue;
+    AnswerStallQueries();
     auto now = Clock::now();
+    if (options_.stall_warning_s > 0 && !asked && Seconds(now - start) > options_.stall_warning_s / 2) {
+      AskWhoIsMissing();
+      asked = true;
+    }
     if (options_.stall_warning_s > 0 && now >= next_warning) {
-      Log(2, "waited %.0f s for other ranks to submit collectives; pending on this rank: %s. "
-             "A rank that stopped calling collectives (or runs different code) stalls the job.",
-          Seconds(now - start), PendingNames(8).c_str());
+      Log(2, "stall: waited %.0f s for %s to submit collectives; pending on this rank: %s. "
+             "Every rank must run the same collectives.",
+          Seconds(now - start), MissingRanks().c_str(), PendingNames(8).c_str());
       next_warning = now + std::chrono::duration<double>(options_.stall_warning_s);
+      asked = false;
     }
     if (options_.stall_timeout_s > 0 && Seconds(now - start) > options_.stall_timeout_s) {
       return Status::DeadlineExceeded(
           "kerasdist: stalled for more than " + std::to_string(static_cast<int>(options_.stall_timeout_s)) +
-          " s (KERASDIST_STALL_TIMEOUT_S) waiting for other ranks; pending on rank " +
+          " s (KERASDIST_STALL_TIMEOUT_S) waiting for " + MissingRanks() + "; pending on rank " +
           std::to_string(rank_) + ": " + PendingNames(8));
     }
   }
+}
+
+void Engine::AnswerStallQueries() {
+  int flag = 1;
+  while (flag) {
+    MPI_Status status;
+    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &status);
+    if (!flag) break;
+    int64_t message = 0;
+    MPI_Recv(&message, 1, MPI_INT64_T, status.MPI_SOURCE, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
+    if (status.MPI_TAG == kTagStallQuery) {
+      int64_t reply = in_negotiation_ ? cycles_done_ : -1;
+      MPI_Send(&reply, 1, MPI_INT64_T, status.MPI_SOURCE, kTagStallReply, comm_);
+    } else {
+      peer_cycle_[status.MPI_SOURCE] = message;
+    }
+  }
+}
+
+void Engine::AskWhoIsMissing() {
+  peer_cycle_.assign(size_, -2);  // -2: no answer yet
+  int64_t query = cycles_done_;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) MPI_Send(&query, 1, MPI_INT64_T, r, kTagStallQuery, comm_);
+  }
+}
+
+std::string Engine::MissingRanks() {
+  std::string idle, silent;
+  for (int r = 0; r < static_cast<int>(peer_cycle_.size()); ++r) {
+    if (r == rank_ || peer_cycle_[r] == cycles_done_) continue;  // waiting in this same negotiation
+    std::string& list = peer_cycle_[r] == -2 ? silent : idle;
+    list += (list.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (idle.empty() && silent.empty()) return "other ranks";
+  std::string out;
+  if (!idle.empty()) out = "rank(s) " + idle + " (not in any collective)";
+  if (!silent.empty()) out += (out.empty() ? "" : " and ") + std::string("rank(s) ") + silent + " (not answering)";
+  return out;
 }
 
 bool Engine::RunCycle(bool* progress) {

@@ -94,6 +94,11 @@ class Engine {
   // Returns false when the engine must stop (shutdown agreed or a fatal error).
   bool RunCycle(bool* progress);
   Status WaitForPeers(MPI_Request* request);
+  // Stall diagnosis over point-to-point messages, which an idle rank's thread answers
+  // without joining a negotiation.
+  void AnswerStallQueries();
+  void AskWhoIsMissing();
+  std::string MissingRanks();
   bool SlowPath(const std::vector<int32_t>& invalidations, std::vector<Ready>* ready);
   void CoordinatorStep(const std::vector<std::vector<char>>& messages, std::vector<int32_t>* evicted, std::vector<Response>* responses);
   Response Validate(const std::string& name, const std::vector<std::unique_ptr<Request>>& by_rank);
@@ -137,6 +142,9 @@ class Engine {
   std::vector<int32_t> free_slots_;   // rank 0
   std::map<std::string, Negotiation> table_;  // rank 0
   std::vector<char> fusion_buffer_;
+  int64_t cycles_done_ = 0;          // negotiations completed, equal on every rank
+  bool in_negotiation_ = false;
+  std::vector<int64_t> peer_cycle_;  // last reply per rank: the cycle it waits in, or -1 if idle
   Timeline timeline_;
 };
 
