@@ -11,6 +11,7 @@ import glob
 import os
 import sys
 import threading
+import time
 
 _LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 
@@ -154,6 +155,9 @@ def _abort_job_on_uncaught_exception(MPI):
         previous(exc_type, exc, tb)
         sys.stderr.write(f"kerasdist: uncaught exception on rank {MPI.COMM_WORLD.Get_rank()}; aborting the job\n")
         sys.stderr.flush()
+        # The launcher forwards output asynchronously and an abort tears its pipes down:
+        # give it a moment, or the traceback that explains the failure can be lost.
+        time.sleep(0.5)
         MPI.COMM_WORLD.Abort(1)
 
     sys.excepthook = abort
@@ -180,6 +184,7 @@ def shutdown():
         MPI = _import_mpi()
         sys.stderr.write("kerasdist: the job stalled (see the error above); aborting all ranks\n")
         sys.stderr.flush()
+        time.sleep(0.5)  # let the launcher forward the error before the abort
         MPI.COMM_WORLD.Abort(1)
 
 
