@@ -298,12 +298,12 @@ Status Engine::WaitForPeers(MPI_Request* request) {
     // Peers usually arrive within microseconds: yield first, then poll gently, since MPI's
     // own wait spins a core and on small machines that core trains the model.
     const double waited = Seconds(Clock::now() - start);
-    if (waited < 200e-6) {
+    if (waited < 1e-3) {
       std::this_thread::yield();
       continue;
     }
-    std::this_thread::sleep_for(waited < 0.01 ? std::chrono::microseconds(20) : std::chrono::microseconds(500));
-    if (waited < 0.01) continue;
+    std::this_thread::sleep_for(waited < 0.05 ? std::chrono::microseconds(20) : std::chrono::microseconds(500));
+    if (waited < 0.05) continue;
     AnswerStallQueries();
     auto now = Clock::now();
     if (options_.stall_warning_s > 0 && !asked && Seconds(now - start) > options_.stall_warning_s / 2) {
