@@ -144,3 +144,10 @@ def test_plain_python_run_is_a_world_of_one(tmp_path):
     job = python_run("singleton.py", cwd=tmp_path)
     assert job.returncode == 0 and not job.timed_out, job.describe()
     assert "SINGLETON_OK" in job.output, job.describe()
+
+
+def test_results_stay_right_while_a_tiny_cache_churns(tmp_path):
+    job = mpirun("cache_churn.py", cwd=tmp_path, env=child_env(KERASDIST_CACHE_CAPACITY=2))
+    assert not job.timed_out, "job hung" + job.describe()
+    assert job.returncode == 0, job.describe()
+    assert job.output.count("CHURN_OK") == 2, job.describe()
