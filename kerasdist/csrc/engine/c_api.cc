@@ -26,8 +26,6 @@ int kerasdist_start(int64_t fusion_threshold_bytes, double cycle_time_ms, double
 
 void kerasdist_shutdown() { kerasdist::Engine::Get().Shutdown(); }
 
-int kerasdist_running() { return kerasdist::Engine::Get().running() ? 1 : 0; }
-
 // 1 when the engine gave up waiting for other ranks: its communicator is then unusable.
 int kerasdist_stalled() { return kerasdist::Engine::Get().stalled() ? 1 : 0; }
 

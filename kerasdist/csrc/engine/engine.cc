@@ -106,11 +106,6 @@ Engine& Engine::Get() {
   return *engine;
 }
 
-bool Engine::running() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return !stopped_;
-}
-
 bool Engine::stalled() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stop_reason_.code == StatusCode::kDeadlineExceeded;

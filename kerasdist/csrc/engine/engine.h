@@ -51,7 +51,6 @@ class Engine {
   Status Start(const EngineOptions& options);
   // Fails what is pending and stops the thread; every rank should call it (atexit does).
   void Shutdown();
-  bool running() const;
   bool stalled() const;
   int rank() const { return rank_; }
   int size() const { return size_; }
