@@ -1,7 +1,6 @@
 """LARS: SGD with momentum and a layer-wise trust ratio (You, Gitman, Ginsburg 2017)."""
 
 import keras
-from keras import ops
 
 from kerasdist.optimizers import trust_ratio as tr
 from kerasdist.optimizers.layer_adaptive import LayerAdaptiveOptimizer
