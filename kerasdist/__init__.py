@@ -1,8 +1,39 @@
-"""kerasdist: data-parallel Keras 3 / TensorFlow training over MPI."""
-from kerasdist.runtime import (cross_rank, cross_size, init, is_initialized, local_rank, local_size, mpi_built,
-                               nccl_built, rank, shutdown, size)
-from kerasdist.ops import (Average, Compression, Max, Min, Product, ReduceOp, Sum, allgather, allgather_object,
-                           allreduce, alltoall, barrier, broadcast, broadcast_object, broadcast_variables,
-                           grouped_allreduce, reducescatter)
+"""kerasdist: data-parallel Keras 3 / TensorFlow training over MPI.
+
+Names are loaded on first use: ``import kerasdist`` alone imports neither TensorFlow nor MPI,
+so the launcher (``kerasdist-run``) starts in milliseconds. ``kerasdist.init()`` or any
+collective brings them in.
+"""
+import importlib
 
 __version__ = "0.1.0"
+
+# public name -> module that defines it
+_EXPORTS = {
+    **{name: "kerasdist.runtime" for name in (
+        "cross_rank", "cross_size", "init", "is_initialized", "local_rank", "local_size", "mpi_built",
+        "nccl_built", "rank", "shutdown", "size")},
+    **{name: "kerasdist.ops" for name in (
+        "Average", "Compression", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
+        "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
+        "broadcast_variables", "grouped_allreduce", "reducescatter")},
+    **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
+}
+_SUBMODULES = ("callbacks", "data", "models", "optimizers", "run")
+
+__all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"kerasdist.{name}")
+    else:
+        raise AttributeError(f"module 'kerasdist' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

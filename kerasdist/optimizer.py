@@ -1,0 +1,329 @@
+"""Gradient averaging for Keras 3: `DistributedOptimizer` for `model.fit`, and
+`DistributedGradientTape` for custom training loops.
+
+Gradients are reduced across ranks before the wrapped optimizer sees them, so its clipping,
+loss-scale checks, weight decay and layer-wise trust ratios all act on the global gradient.
+"""
+
+import keras
+import tensorflow as tf
+from keras.src.utils import tracking
+from tensorflow.python.ops import control_flow_util
+
+from kerasdist import ops, runtime
+
+_COMPRESSIONS = {"none": ops.Compression.none, "fp16": ops.Compression.fp16, "bf16": ops.Compression.bf16}
+_GRADIENT_OPS = {"average": ops.Average, "sum": ops.Sum}
+
+
+def _compression_name(compression):
+    if isinstance(compression, str):
+        if compression not in _COMPRESSIONS:
+            raise ValueError(f"compression={compression!r}; expected one of {sorted(_COMPRESSIONS)}")
+        return compression
+    for name, known in _COMPRESSIONS.items():
+        if compression is known:
+            return name
+    raise ValueError(f"compression={compression!r}; expected kerasdist.Compression.none, .fp16 or .bf16")
+
+
+def _gradient_op_name(op):
+    for name, known in _GRADIENT_OPS.items():
+        if op == known or op == name:
+            return name
+    raise ValueError(f"op={op!r}: gradients can be combined with kerasdist.Average or kerasdist.Sum only")
+
+
+def _refuse_xla(where):
+    """Our ops have no XLA kernels: fail at trace time with a fix, not deep inside XLA."""
+    if not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(
+            tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"{where} runs inside an XLA-compiled function (jit_compile=True), but kerasdist's "
+            "collectives have no XLA kernels. Compile the model with jit_compile=False (the "
+            "callbacks from kerasdist.callbacks() do this for model.fit), or drop jit_compile=True "
+            "from your tf.function.")
+
+
+def reduce_gradients(grads, op=ops.Average, compression=ops.Compression.none, sparse_as_dense=False):
+    """Combines a list of per-rank gradients across ranks; `None` entries stay `None`.
+
+    Dense gradients go out as one grouped allreduce (one negotiation, fused into one MPI call).
+    `IndexedSlices` (embedding gradients) are gathered, not densified, unless `sparse_as_dense`.
+    In a world of one this returns `grads` unchanged and adds no op to the graph.
+    """
+    grads = list(grads)
+    if runtime.state().size == 1:
+        return grads
+    if sparse_as_dense:
+        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
+    dense_positions = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
+    reduced = list(grads)
+    for i, g in zip(dense_positions, ops.grouped_allreduce([grads[i] for i in dense_positions], op=op,
+                                                           compression=compression)):
+        reduced[i] = g
+    for i, g in enumerate(grads):
+        if isinstance(g, tf.IndexedSlices):
+            reduced[i] = ops.allreduce(g, op=op, compression=compression)
+    return reduced
+
+
+@keras.saving.register_keras_serializable(package="kerasdist")
+class DistributedOptimizer(keras.optimizers.Optimizer):
+    """Wraps any Keras 3 optimizer so that gradients are averaged across ranks before each update.
+
+    The wrapper composes, like `keras.optimizers.LossScaleOptimizer`: it reduces the gradients in
+    `apply()` (one grouped allreduce, so they fuse) and hands the result to the inner optimizer,
+    whose clipping, loss-scale check, weight decay and trust ratios then see the global gradient.
+    Learning rate, `iterations` and loss scaling are the inner optimizer's.
+
+    With `backward_passes_per_step=k`, each rank adds up `k` micro-batch gradients locally and
+    only every `k`-th `apply()` reduces their mean and updates the weights: the effective batch is
+    (per-rank batch) × ranks × k, and communication drops k-fold. `k` can change while training
+    runs (`optimizer.backward_passes_per_step = 4`) without retracing, as long as the optimizer was
+    built with `k > 1`; raising it from 1 after the first step creates the accumulators, and the
+    traced train function must then be rebuilt (`model.make_train_function(force=True)`).
+
+    Args:
+        optimizer: the optimizer to wrap (a `keras.optimizers.Optimizer`, or a name such as `"sgd"`).
+        op: `kerasdist.Average` (default) or `kerasdist.Sum`.
+        compression: `kerasdist.Compression.none` (default), `.fp16` or `.bf16`: the wire format
+            of float gradients.
+        backward_passes_per_step: micro-batches accumulated per update (default 1).
+        sparse_as_dense: reduce embedding (`IndexedSlices`) gradients as dense tensors instead of
+            gathering them; better when most rows are touched every step.
+        name: defaults to `"distributed_" + optimizer.name`.
+
+    Example:
+        >>> import keras, kerasdist
+        >>> kerasdist.init()
+        >>> optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        >>> model.compile(optimizer=optimizer, loss="mse")
+        >>> float(optimizer.learning_rate.numpy())
+        0.01
+
+    Saved `.keras` files name the class `"kerasdist>DistributedOptimizer"`: with kerasdist
+    imported, `keras.saving.load_model(path)` restores it; without kerasdist, load the model with
+    `keras.saving.load_model(path, compile=False)` (weights and architecture; then compile it with
+    any optimizer).
+    """
+
+    def __init__(self, optimizer, op=ops.Average, compression=ops.Compression.none, backward_passes_per_step=1,
+                 sparse_as_dense=False, name=None, **kwargs):
+        optimizer = keras.optimizers.get(optimizer)
+        if isinstance(optimizer, DistributedOptimizer):
+            raise ValueError("this optimizer is already a kerasdist.DistributedOptimizer; wrap it once")
+        if kwargs:
+            raise ValueError(f"DistributedOptimizer does not take {sorted(kwargs)}: set them on the inner "
+                             "optimizer")
+        super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
+        self.inner_optimizer = optimizer
+        self._op_name = _gradient_op_name(op)
+        self._compression_name = _compression_name(compression)
+        self.sparse_as_dense = bool(sparse_as_dense)
+        self._initial_backward_passes = _check_backward_passes(backward_passes_per_step)
+        self._accumulators = None
+
+    @property
+    def op(self):
+        return _GRADIENT_OPS[self._op_name]
+
+    @property
+    def compression(self):
+        return _COMPRESSIONS[self._compression_name]
+
+    @tracking.no_automatic_dependency_tracking
+    def build(self, var_list):
+        if not self.inner_optimizer.built:
+            self.inner_optimizer.build(var_list)
+        self._micro_step = self.add_variable(shape=(), dtype="int32", name="micro_step")
+        self._backward_passes = self.add_variable(
+            shape=(), dtype="int32", initializer=keras.initializers.Constant(self._initial_backward_passes),
+            name="backward_passes_per_step")
+        super().build(var_list)
+        if self._initial_backward_passes > 1:
+            self._create_accumulators()
+
+    @tracking.no_automatic_dependency_tracking
+    def _create_accumulators(self):
+        self._accumulators = [self.add_variable_from_reference(v, name="gradient_sum")
+                              for v in self._trainable_variables]
+
+    @property
+    def backward_passes_per_step(self):
+        """Micro-batches per update; settable while training (see the class docstring)."""
+        if not self.built:
+            return self._initial_backward_passes
+        return int(self._backward_passes.numpy())
+
+    @backward_passes_per_step.setter
+    def backward_passes_per_step(self, value):
+        value = _check_backward_passes(value)
+        if not self.built:
+            self._initial_backward_passes = value
+            return
+        if value > 1 and self._accumulators is None:
+            if not tf.executing_eagerly():
+                raise RuntimeError("raise backward_passes_per_step from 1 outside tf.function (it creates "
+                                   "variables)")
+            self._create_accumulators()
+        self._backward_passes.assign(value)
+
+    @property
+    def variables(self):
+        return self._variables + self.inner_optimizer.variables
+
+    @property
+    def learning_rate(self):
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, learning_rate):
+        self.inner_optimizer.learning_rate = learning_rate
+
+    @property
+    def iterations(self):
+        """Updates made (the inner optimizer's count): micro-batches / `backward_passes_per_step`."""
+        return self.inner_optimizer.iterations
+
+    def scale_loss(self, loss):
+        return self.inner_optimizer.scale_loss(loss)
+
+    def finalize_variable_values(self, var_list):
+        self.inner_optimizer.finalize_variable_values(var_list)
+
+    def apply(self, grads, trainable_variables=None):
+        _refuse_xla("DistributedOptimizer.apply")
+        if not self.built:
+            if trainable_variables is None:
+                raise ValueError("pass trainable_variables to the first apply() (or build the optimizer)")
+            with keras.name_scope(self.name, caller=self):
+                self.build(list(trainable_variables))
+        trainable_variables = list(self._trainable_variables if trainable_variables is None
+                                   else trainable_variables)
+        grads = list(grads)
+        if len(grads) != len(trainable_variables):
+            raise ValueError(f"got {len(grads)} gradients for {len(trainable_variables)} variables")
+        if not grads:
+            return
+        if self._accumulators is None:
+            # Built with k = 1: a stale trace must fail, not ignore a k raised later.
+            check = tf.debugging.assert_equal(
+                self._backward_passes, 1,
+                message="backward_passes_per_step was raised from 1 after this function was traced; "
+                        "rebuild it (model.make_train_function(force=True))")
+            with tf.control_dependencies([] if check is None else [check]):
+                self._reduce_and_apply(grads, trainable_variables)
+        else:
+            self._accumulate(grads, trainable_variables)
+
+    def _reduce_and_apply(self, grads, trainable_variables):
+        reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
+        self.inner_optimizer.apply(reduced, trainable_variables)
+
+    def _accumulate(self, grads, trainable_variables):
+        present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
+        sums = [self._accumulators[self._get_variable_index(v)] for _, v in present]
+        for (g, _), total in zip(present, sums):
+            total.assign_add(tf.convert_to_tensor(g))
+        micro_step = self._micro_step.assign_add(1)
+
+        def update():
+            self._reduce_and_apply([total / tf.cast(self._backward_passes, total.dtype) for total in sums],
+                                   [v for _, v in present])
+            for total in sums:
+                total.assign(tf.zeros_like(total))
+            self._micro_step.assign(0)
+
+        tf.cond(micro_step >= self._backward_passes, update, lambda: None)
+
+    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
+        raise NotImplementedError("kerasdist runs on the TensorFlow backend only (no stateless_apply)")
+
+    # Own state only: the inner optimizer is saved as a child object of its own. Accumulators
+    # are saved after the counters, so a file saved with k = 1 loads into k > 1 and back.
+    def save_own_variables(self, store):
+        for i, variable in enumerate(self._variables):
+            store[str(i)] = variable.numpy()
+
+    def load_own_variables(self, store):
+        if len(store.keys()) == len(self._variables):
+            for i, variable in enumerate(self._variables):
+                variable.assign(store[str(i)])
+            return
+        counters = self._variables[:len(self._variables) - len(self._accumulators or [])]
+        for i, variable in enumerate(counters):
+            if str(i) in store:
+                variable.assign(store[str(i)])
+        if self._accumulators is not None:  # the sums did not come back: start a fresh window
+            for total in self._accumulators:
+                total.assign(tf.zeros_like(total))
+            self._micro_step.assign(0)
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
+            "op": self._op_name,
+            "compression": self._compression_name,
+            "backward_passes_per_step": self.backward_passes_per_step,
+            "sparse_as_dense": self.sparse_as_dense,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
+        return cls(inner, **config)
+
+
+def _check_backward_passes(value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"backward_passes_per_step={value!r} must be an integer >= 1")
+    return value
+
+
+class DistributedGradientTape:
+    """A `tf.GradientTape` whose `gradient()` returns gradients reduced across ranks.
+
+    Use it in custom training loops; everything but `gradient()` is the wrapped tape's.
+
+    Args:
+        tape: the `tf.GradientTape` to wrap.
+        op: `kerasdist.Average` (default) or `kerasdist.Sum`.
+        compression: wire format of float gradients (`kerasdist.Compression.none/.fp16/.bf16`).
+        sparse_as_dense: reduce `IndexedSlices` gradients as dense tensors.
+
+    Example:
+        >>> import tensorflow as tf, kerasdist
+        >>> w = tf.Variable(2.0)
+        >>> with kerasdist.DistributedGradientTape(tf.GradientTape()) as tape:
+        ...     loss = w * w
+        >>> float(tape.gradient(loss, w))  # the same on every rank: d(w²)/dw averaged
+        4.0
+    """
+
+    def __init__(self, tape, op=ops.Average, compression=ops.Compression.none, sparse_as_dense=False):
+        self._tape = tape
+        self._op = _GRADIENT_OPS[_gradient_op_name(op)]
+        self._compression = _COMPRESSIONS[_compression_name(compression)]
+        self._sparse_as_dense = sparse_as_dense
+
+    def __enter__(self):
+        self._tape.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        return self._tape.__exit__(*exc_info)
+
+    def __getattr__(self, name):
+        return getattr(self._tape, name)
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        _refuse_xla("DistributedGradientTape.gradient")
+        grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
+        flat = tf.nest.flatten(grads, expand_composites=False)
+        reduced = reduce_gradients(flat, self._op, self._compression, self._sparse_as_dense)
+        return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
