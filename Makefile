@@ -10,18 +10,23 @@ OP_LIBRARY_SOURCES := setup.py $(wildcard kerasdist/csrc/*/*.cc kerasdist/csrc/*
 
 .PHONY: venv build test demo bench clean
 
-venv: $(VENV)/.installed
+venv: $(VENV)/.editable
 
 $(VENV)/.installed: requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
+	touch $@
+
+# The editable install puts kerasdist on the venv's path and creates .venv/bin/kerasdist-run;
+# setup.py declares both, so a change to it reinstalls.
+$(VENV)/.editable: $(VENV)/.installed setup.py
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 build: $(VENV)/.built
 
-$(VENV)/.built: $(VENV)/.installed $(OP_LIBRARY_SOURCES)
+$(VENV)/.built: $(VENV)/.editable $(OP_LIBRARY_SOURCES)
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 

@@ -9,14 +9,19 @@ The library is compiled against the TensorFlow found in the build environment
 
 An rpath (``$ORIGIN``-relative, then absolute) lets ``tf.load_op_library`` find
 ``libmpi`` without ``LD_LIBRARY_PATH``. mpi4py must use the same MPI.
+
+``build_info.json`` beside the library records that MPI, its ``mpiexec`` and flavour (which
+``kerasdist-run`` launches with) and the TensorFlow version.
 """
 import glob
+import importlib.util
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -26,14 +31,16 @@ CSRC = os.path.join("kerasdist", "csrc")
 
 
 def mpi_flags():
-    """Returns (compile_flags, link_flags, lib_dirs, description) for the chosen MPI."""
+    """Returns (compile_flags, link_flags, lib_dirs, description, bin_dir) for the chosen MPI."""
     home = os.environ.get("KERASDIST_MPI_HOME")
     if home:
         lib = os.path.join(home, "lib")
-        return [f"-I{os.path.join(home, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], f"KERASDIST_MPI_HOME={home}"
+        return ([f"-I{os.path.join(home, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], f"KERASDIST_MPI_HOME={home}",
+                os.path.join(home, "bin"))
     if os.path.exists(os.path.join(sys.prefix, "include", "mpi.h")):
         lib = os.path.join(sys.prefix, "lib")
-        return [f"-I{os.path.join(sys.prefix, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], "PyPI mpich"
+        return ([f"-I{os.path.join(sys.prefix, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], "PyPI mpich",
+                sysconfig.get_path("scripts"))
     mpicc = shutil.which("mpicc")
     if not mpicc:
         sys.exit("kerasdist: no MPI found. `pip install mpich`, or set KERASDIST_MPI_HOME, or put mpicc on PATH.")
@@ -48,18 +55,47 @@ def mpi_flags():
     compile_flags = [w for w in words[1:] if w.startswith(("-I", "-D"))]
     link_flags = [w for w in words[1:] if w.startswith(("-L", "-l", "-Wl"))]
     lib_dirs = [w[2:] for w in link_flags if w.startswith("-L")]
-    return compile_flags, link_flags, lib_dirs, f"mpicc at {mpicc}"
+    return compile_flags, link_flags, lib_dirs, f"mpicc at {mpicc}", os.path.dirname(mpicc)
+
+
+def launcher_mpi_module():
+    """kerasdist/run/mpi.py, loaded by path: the package is not importable while it is built."""
+    spec = importlib.util.spec_from_file_location("_kerasdist_run_mpi", os.path.join(HERE, "kerasdist", "run", "mpi.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mpiexec_and_flavour(bin_dir):
+    """The MPI's mpiexec and its flavour name ("mpich", "intel", "openmpi"); None where unknown."""
+    mpi = launcher_mpi_module()
+    mpiexec = mpi.mpiexec_of_install(bin_dir)
+    flavour = mpi.detect_flavour(mpiexec) if mpiexec else None
+    return mpiexec, flavour.name if flavour else None
 
 
 class BuildOpLibrary(build_ext):
     """Compiles with TensorFlow's and MPI's flags instead of Python's extension defaults."""
 
+    def run(self):
+        # setuptools compiles into build/ and copies to the source tree afterwards when building
+        # in place (build_ext --inplace, editable installs), clearing `inplace` meanwhile.
+        self.library_goes_to_source_tree = bool(self.inplace)
+        super().run()
+
+    def final_directory(self, ext):
+        """Where the library will be loaded from: the package's source directory when built
+        in place, else the build directory that gets installed."""
+        if not self.library_goes_to_source_tree:
+            return os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        package = ".".join(self.get_ext_fullname(ext.name).split(".")[:-1])
+        return os.path.abspath(self.get_finalized_command("build_py").get_package_dir(package))
+
     def build_extension(self, ext):
         import tensorflow as tf  # only needed at build time
 
-        mpi_compile, mpi_link, mpi_lib_dirs, mpi_source = mpi_flags()
-        out_path = self.get_ext_fullpath(ext.name)
-        out_dir = os.path.dirname(os.path.abspath(out_path))
+        mpi_compile, mpi_link, mpi_lib_dirs, mpi_source, mpi_bin_dir = mpi_flags()
+        out_dir = self.final_directory(ext)
         tf_lib_dir = tf.sysconfig.get_lib()
         rpaths = []
         for lib_dir in mpi_lib_dirs + [tf_lib_dir]:
@@ -68,9 +104,11 @@ class BuildOpLibrary(build_ext):
         ext.extra_link_args = tf.sysconfig.get_link_flags() + mpi_link + [f"-Wl,-rpath,{p}" for p in rpaths]
         # Python's own CFLAGS (e.g. -DNDEBUG -g -fwrapv) are harmless; its C++ std flag is ours.
         super().build_extension(ext)
+        mpiexec, flavour = mpiexec_and_flavour(mpi_bin_dir)
+        os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "build_info.json"), "w") as f:
-            json.dump({"mpi": mpi_source, "mpi_link_flags": mpi_link, "nccl": False,
-                       "tensorflow": tf.__version__}, f, indent=1)
+            json.dump({"mpi": mpi_source, "mpi_link_flags": mpi_link, "mpiexec": mpiexec, "mpi_flavour": flavour,
+                       "nccl": False, "tensorflow": tf.__version__}, f, indent=1)
 
 
 sources = sorted(glob.glob(os.path.join(CSRC, "engine", "*.cc")) + glob.glob(os.path.join(CSRC, "tensorflow", "*.cc")))
@@ -85,4 +123,5 @@ setup(
     cmdclass={"build_ext": BuildOpLibrary},
     python_requires=">=3.10",
     install_requires=["tensorflow>=2.16", "keras>=3.10,<4", "mpi4py>=4", "numpy"],
+    entry_points={"console_scripts": ["kerasdist-run = kerasdist.run:main"]},
 )

@@ -1,0 +1,253 @@
+"""``kerasdist-run``: start a training script as N ranks through the MPI kerasdist was built with.
+
+Turns the engine's knobs into flags, spells hosts, host files and variables the way the chosen
+mpiexec expects, and passes mpiexec's exit status (and Ctrl-C / SIGTERM) through. Imports
+neither TensorFlow nor MPI, so it starts at once.
+"""
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+
+from kerasdist import runtime
+from kerasdist.run import mpi
+
+PROG = "kerasdist-run"
+BUILD_INFO_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build_info.json")
+# Engine settings read by kerasdist.init() (see kerasdist/runtime.py Knobs); those already in the
+# launcher's environment are passed on too, since Open MPI does not forward them to remote hosts.
+ENGINE_VARIABLES = ("KERASDIST_FUSION_THRESHOLD", "KERASDIST_CYCLE_TIME_MS", "KERASDIST_TIMELINE",
+                    "KERASDIST_STALL_WARNING_S", "KERASDIST_STALL_TIMEOUT_S", "KERASDIST_CACHE_CAPACITY",
+                    "KERASDIST_LOG_LEVEL")
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+USAGE_ERROR = 2  # what argparse exits with
+
+
+class _Parser(argparse.ArgumentParser):
+    """Reports a bad argument in one line instead of argparse's usage block."""
+
+    def error(self, message):
+        self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_number(text):
+    """Checks a number >= 0 and returns it as typed, so the ranks read exactly that."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return text.strip()
+
+
+def _host_list(text):
+    """Checks ``host[:slots],...`` and returns it without spaces."""
+    entries = [entry.strip() for entry in text.split(",")]
+    for entry in entries:
+        host, _, slots = entry.partition(":")
+        if not host or (":" in entry and not (slots.isdigit() and int(slots) > 0)):
+            raise argparse.ArgumentTypeError(f"expected host[:slots],... with slots >= 1, got {text!r}")
+    return ",".join(entries)
+
+
+def _existing_file(text):
+    if not os.path.isfile(text):
+        raise argparse.ArgumentTypeError(f"no such file: {text!r}")
+    return text
+
+
+def _mpi_args(text):
+    try:
+        return shlex.split(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"cannot split {text!r} like a shell would: {error}") from None
+
+
+def make_parser():
+    """The argument parser of ``kerasdist-run`` (also ``python -m kerasdist.run``)."""
+    defaults = runtime.Knobs()
+    parser = _Parser(
+        prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Runs command as NP kerasdist ranks with the mpiexec kerasdist was built with.\n"
+                    "KERASDIST_MPIEXEC=/path/to/mpiexec overrides that choice, and\n"
+                    "KERASDIST_MPI_FLAVOUR=mpich|intel|openmpi what its --version output says.",
+        epilog="example:\n  kerasdist-run -np 4 -H node1:2,node2:2 --fusion-threshold-mb 32 python train.py")
+    parser.add_argument("-np", "-n", dest="num_processes", type=_positive_int, metavar="NP",
+                        help="number of processes (ranks) to start; required")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--hosts", type=_host_list, metavar="HOST:SLOTS,...",
+                       help="hosts to run on, e.g. node1:2,node2:2 (default: this host)")
+    where.add_argument("--hostfile", type=_existing_file, metavar="FILE",
+                       help="host file in your MPI's own format")
+    knobs = parser.add_argument_group("engine knobs (set the KERASDIST_* variable on every rank)")
+    knobs.add_argument("--fusion-threshold-mb", type=_non_negative_number, metavar="MB",
+                       help=f"fusion buffer size in MiB; 0 turns fusion off "
+                            f"(default {defaults.fusion_threshold_bytes // 2**20})")
+    knobs.add_argument("--cycle-time-ms", type=_non_negative_number, metavar="MS",
+                       help=f"wait this long after new work so more joins one reduction "
+                            f"(default {defaults.cycle_time_ms:g})")
+    knobs.add_argument("--timeline", metavar="FILE",
+                       help="Chrome-trace JSON that rank 0 writes (made absolute here)")
+    knobs.add_argument("--stall-warning-s", type=_non_negative_number, metavar="S",
+                       help=f"warn when a collective has waited this long; 0: never "
+                            f"(default {defaults.stall_warning_s:g})")
+    knobs.add_argument("--stall-timeout-s", type=_non_negative_number, metavar="S",
+                       help=f"fail stalled collectives after this long; 0: wait for ever "
+                            f"(default {defaults.stall_timeout_s:g})")
+    knobs.add_argument("--log-level", type=str.lower, choices=sorted(runtime._LOG_LEVELS, key=runtime._LOG_LEVELS.get),
+                       help=f"engine messages on stderr (default {defaults.log_level})")
+    parser.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
+                        help='extra mpiexec options, one quoted string, e.g. --mpi-args "-bind-to core"')
+    parser.add_argument("--dry-run", action="store_true", help="print the mpiexec command and exit")
+    parser.add_argument("--verbose", action="store_true", help="print the mpiexec command to stderr, then run it")
+    parser.add_argument("--check-build", action="store_true",
+                        help="print how the op library was built and which mpiexec would run, then exit")
+    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="command ...",
+                        help="the program every rank runs, with its arguments")
+    return parser
+
+
+def rank_environment(args, environ):
+    """The ``KERASDIST_*`` variables to set on every rank: the caller's, then the flags'."""
+    environment = {name: environ[name] for name in ENGINE_VARIABLES if name in environ}
+    if args.fusion_threshold_mb is not None:
+        environment["KERASDIST_FUSION_THRESHOLD"] = str(int(float(args.fusion_threshold_mb) * 2**20))
+    if args.cycle_time_ms is not None:
+        environment["KERASDIST_CYCLE_TIME_MS"] = args.cycle_time_ms
+    if args.timeline is not None:
+        environment["KERASDIST_TIMELINE"] = os.path.abspath(args.timeline)
+    if args.stall_warning_s is not None:
+        environment["KERASDIST_STALL_WARNING_S"] = args.stall_warning_s
+    if args.stall_timeout_s is not None:
+        environment["KERASDIST_STALL_TIMEOUT_S"] = args.stall_timeout_s
+    if args.log_level is not None:
+        environment["KERASDIST_LOG_LEVEL"] = args.log_level
+    return environment
+
+
+def read_build_info(path=BUILD_INFO_PATH):
+    """What ``setup.py`` recorded about the op library's build, or None if it was never built."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return None
+
+
+def _op_library_path():
+    try:
+        return runtime._library_path()
+    except ImportError:
+        return None
+
+
+def check_build(environ, run_version=mpi.run_version_query):
+    """Prints how the op library was built and which mpiexec would launch; returns the exit status."""
+    build_info = read_build_info()
+    library = _op_library_path()
+    print(f"op library:     {library or 'missing: run `make build` (or setup.py build_ext --inplace)'}")
+    if build_info is None:
+        print(f"build info:     missing: {BUILD_INFO_PATH}")
+    else:
+        flavour = mpi.FLAVOURS.get(build_info.get("mpi_flavour"))
+        print(f"built against:  TensorFlow {build_info.get('tensorflow', '?')}")
+        print(f"MPI:            {build_info.get('mpi', '?')}; "
+              f"{flavour.title if flavour else 'flavour unknown'}; "
+              f"mpiexec {build_info.get('mpiexec') or 'not found at build time'}")
+        print(f"MPI link flags: {shlex.join(build_info.get('mpi_link_flags', []))}")
+        print(f"NCCL:           {'yes' if build_info.get('nccl') else 'no'}")
+    try:
+        mpiexec, source = mpi.find_mpiexec(environ, build_info and build_info.get("mpiexec"))
+        flavour = mpi.choose_flavour(mpiexec, environ, run_version)
+        print(f"launch mpiexec: {mpiexec} ({flavour.title}; chosen from {source})")
+    except mpi.LaunchError as error:
+        print(f"launch mpiexec: none: {error}")
+    return 0 if library and build_info else 1
+
+
+def run_forwarding_signals(argv):
+    """Runs ``argv``, forwarding SIGINT and SIGTERM to it; returns a shell-style exit status.
+
+    128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
+    then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
+    otherwise the child's own status.
+    """
+    child = None
+    received = []
+
+    def forward(signum, _frame):
+        received.append(signum)
+        if child is not None:
+            child.send_signal(signum)
+
+    # Handlers go in before the child starts so that no signal falls between the two.
+    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    try:
+        child = subprocess.Popen(argv)
+        for signum in received:
+            child.send_signal(signum)
+        returncode = child.wait()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        return 128 + received[0]
+    if returncode < 0:
+        return 128 - returncode
+    return returncode
+
+
+def main(argv=None, environ=None, run_version=mpi.run_version_query):
+    """Entry point of ``kerasdist-run``; returns the exit status.
+
+    ``environ`` and ``run_version`` (mpiexec path -> its ``--version`` output) are for tests.
+    """
+    environ = os.environ if environ is None else environ
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.check_build:
+        return check_build(environ, run_version)
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if args.num_processes is None:
+        parser.error("argument -np/-n is required: the number of processes to start")
+    if not command:
+        parser.error(f"no command to run: put it after the options, e.g. {PROG} -np 2 python train.py")
+
+    environment = rank_environment(args, environ)
+    try:
+        runtime.Knobs.from_environment(environment)  # the check every rank would make, once, here
+    except ValueError as error:
+        parser.error(f"{error} (from the environment)")
+    try:
+        build_info = read_build_info()
+        mpiexec, _ = mpi.find_mpiexec(environ, build_info and build_info.get("mpiexec"))
+        flavour = mpi.choose_flavour(mpiexec, environ, run_version)
+    except mpi.LaunchError as error:
+        parser.error(str(error))
+
+    launch = mpi.build_command(mpiexec, flavour, args.num_processes, command, hosts=args.hosts,
+                               hostfile=args.hostfile, environment=environment, mpi_args=args.mpi_args)
+    if args.dry_run:
+        print(shlex.join(launch))
+        return 0
+    if args.verbose:
+        print(shlex.join(launch), file=sys.stderr, flush=True)
+    try:
+        return run_forwarding_signals(launch)
+    except OSError as error:
+        print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
+        return 127

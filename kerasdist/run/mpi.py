@@ -1,0 +1,164 @@
+"""Which mpiexec to run, which MPI it belongs to, and the command line it understands.
+
+Standard library only and no imports from kerasdist: ``setup.py`` loads this file by path to
+record the build's mpiexec and flavour before the package is installed.
+"""
+import dataclasses
+import os
+import shutil
+import subprocess
+import sys
+
+MPIEXEC_VARIABLE = "KERASDIST_MPIEXEC"
+FLAVOUR_VARIABLE = "KERASDIST_MPI_FLAVOUR"
+VERSION_QUERY_TIMEOUT_S = 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Flavour:
+    """How one MPI family's mpiexec spells the options the launcher uses."""
+
+    name: str  # what KERASDIST_MPI_FLAVOUR and build_info.json call it
+    title: str  # for people
+    hosts_option: str
+    hostfile_option: str
+    sets_variables_with_x: bool  # Open MPI's `-x K=V`; hydra's `-genv K V` otherwise
+
+    def environment_options(self, environment):
+        """Options that set each ``name: value`` of ``environment`` on every rank."""
+        options = []
+        for name, value in environment.items():
+            options += ["-x", f"{name}={value}"] if self.sets_variables_with_x else ["-genv", name, value]
+        return options
+
+
+MPICH = Flavour("mpich", "MPICH (hydra)", "-hosts", "-f", sets_variables_with_x=False)
+INTEL_MPI = Flavour("intel", "Intel MPI (hydra)", "-hosts", "-f", sets_variables_with_x=False)
+OPEN_MPI = Flavour("openmpi", "Open MPI", "-H", "--hostfile", sets_variables_with_x=True)
+FLAVOURS = {flavour.name: flavour for flavour in (MPICH, INTEL_MPI, OPEN_MPI)}
+
+
+class LaunchError(Exception):
+    """The launcher cannot go on; the message says why and what to do."""
+
+
+def flavour_from_version_text(text):
+    """The flavour that printed ``text`` as its ``mpiexec --version`` output, or None.
+
+    Intel MPI and MVAPICH ship hydra too, so Intel's own banner is checked before hydra's.
+    """
+    if "Intel(R) MPI" in text or "Intel MPI" in text:
+        return INTEL_MPI
+    if "Open MPI" in text or "OpenRTE" in text:
+        return OPEN_MPI
+    if "HYDRA" in text or "MPICH" in text:
+        return MPICH
+    return None
+
+
+def run_version_query(mpiexec):
+    """Output (stdout and stderr) of ``mpiexec --version``."""
+    finished = subprocess.run([mpiexec, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              stdin=subprocess.DEVNULL, text=True, errors="replace",
+                              timeout=VERSION_QUERY_TIMEOUT_S)
+    return finished.stdout
+
+
+def detect_flavour(mpiexec, run_version=run_version_query):
+    """Asks ``mpiexec --version`` which MPI it belongs to; None when it does not say.
+
+    ``run_version`` maps an mpiexec path to its version output (tests pass a fake).
+    """
+    try:
+        text = run_version(mpiexec)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return flavour_from_version_text(text)
+
+
+def _is_executable(path):
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def mpiexec_of_install(bin_dir):
+    """``bin_dir``'s mpiexec (or mpirun) when it has one, else None."""
+    for name in ("mpiexec", "mpirun"):
+        path = os.path.join(bin_dir, name)
+        if _is_executable(path):
+            return path
+    return None
+
+
+def find_mpiexec(environ, recorded_at_build=None):
+    """The mpiexec to launch with, and where that choice came from.
+
+    In order: ``KERASDIST_MPIEXEC`` (a path or a name on PATH); the one recorded when the op
+    library was built; the one beside this Python (PyPI's ``mpich`` installs it there); the
+    first ``mpiexec`` or ``mpirun`` on PATH.
+
+    Raises:
+        LaunchError: ``KERASDIST_MPIEXEC`` names nothing runnable, or no mpiexec was found.
+    """
+    override = environ.get(MPIEXEC_VARIABLE, "").strip()
+    if override:
+        found = shutil.which(override)
+        if not found:
+            raise LaunchError(f"{MPIEXEC_VARIABLE}={override!r} is not an executable file or a command on PATH")
+        return found, MPIEXEC_VARIABLE
+    if recorded_at_build and _is_executable(recorded_at_build):
+        return recorded_at_build, "build_info.json"
+    beside_python = mpiexec_of_install(os.path.dirname(sys.executable))
+    if beside_python:
+        return beside_python, "beside this Python"
+    for name in ("mpiexec", "mpirun"):
+        found = shutil.which(name, path=environ.get("PATH"))
+        if found:
+            return found, "PATH"
+    raise LaunchError(f"no mpiexec found: `pip install mpich` into this Python's environment, put your "
+                      f"MPI's mpiexec on PATH, or set {MPIEXEC_VARIABLE}=/path/to/mpiexec")
+
+
+def choose_flavour(mpiexec, environ, run_version=run_version_query):
+    """The flavour from ``KERASDIST_MPI_FLAVOUR`` if set, else as ``mpiexec --version`` tells.
+
+    Raises:
+        LaunchError: the override names no known flavour, or mpiexec's output is not recognised.
+    """
+    override = environ.get(FLAVOUR_VARIABLE, "").strip().lower()
+    if override:
+        if override not in FLAVOURS:
+            raise LaunchError(f"{FLAVOUR_VARIABLE}={override!r} must be one of {', '.join(FLAVOURS)}")
+        return FLAVOURS[override]
+    flavour = detect_flavour(mpiexec, run_version)
+    if flavour is None:
+        raise LaunchError(f"cannot tell which MPI {mpiexec} belongs to from its --version output; set "
+                          f"{FLAVOUR_VARIABLE} to one of {', '.join(FLAVOURS)}")
+    return flavour
+
+
+def build_command(mpiexec, flavour, num_processes, command, hosts=None, hostfile=None, environment=None,
+                  mpi_args=()):
+    """The argv that starts ``command`` as ``num_processes`` ranks.
+
+    Args:
+        mpiexec: path of the launcher binary.
+        flavour: a ``Flavour``; decides how hosts, host files and variables are spelled.
+        num_processes: number of ranks.
+        command: the program and its arguments, run on every rank.
+        hosts: ``"host1:2,host2:2"`` (slots optional), or None for the local host.
+        hostfile: path of a host file in the MPI's own format, or None.
+        environment: variables to set on every rank, ``{name: value}``.
+        mpi_args: extra mpiexec options, placed after ours so that they win.
+
+    Example:
+        >>> build_command("/usr/bin/mpirun", OPEN_MPI, 2, ["python", "train.py"],
+        ...               hosts="a:1,b:1", environment={"KERASDIST_LOG_LEVEL": "info"})
+        ['/usr/bin/mpirun', '-np', '2', '-H', 'a:1,b:1', '-x', 'KERASDIST_LOG_LEVEL=info', 'python', 'train.py']
+    """
+    argv = [mpiexec, "-np", str(num_processes)]
+    if hosts:
+        argv += [flavour.hosts_option, hosts]
+    if hostfile:
+        argv += [flavour.hostfile_option, hostfile]
+    argv += flavour.environment_options(environment or {})
+    return argv + list(mpi_args) + list(command)
