@@ -1,0 +1,240 @@
+"""Per-rank input: data shards, per-rank seeds and equal step counts.
+
+Every rank must run the same number of training steps per epoch: each step allreduces the
+gradients, so a rank with one extra batch waits for partners that never come. Shards of
+unequal size are fine (1797 examples on 2 ranks are 899 + 898) as long as they batch into
+the same number of steps; `shard(..., batch_size=...)` and `check_equal_steps` check that
+and fail on every rank with the counts and the fixes instead of hanging.
+"""
+
+import math
+import operator
+
+import keras
+import tensorflow as tf
+
+from kerasdist import ops, runtime
+
+# Odd, so `rank * stride` is distinct modulo 2**32 for every rank; large, so nearby base
+# seeds (0, 1, 2, ...) do not hand one run's rank-0 seed to another run's rank 1.
+_RANK_SEED_STRIDE = 1_000_003
+
+
+def _rank_and_size():
+    state = runtime.state()  # starts kerasdist if needed; init() is idempotent
+    return state.rank, state.size
+
+
+def shard(data, *, drop_remainder=False, batch_size=None):
+    """Returns this rank's share of `data`: elements `rank, rank + size, rank + 2*size, ...`.
+
+    `data` is a `tf.data.Dataset` (sharded with `Dataset.shard(size, rank)`) or NumPy arrays:
+    one array, or a tuple, list or dict of arrays with the same number of rows, of which every
+    array keeps the same rows. The two agree: an array and `Dataset.from_tensor_slices` of it
+    shard into the same elements. Every rank must pass the same data. With one process the
+    data comes back unchanged.
+
+    Without `drop_remainder`, the first `n % size` ranks get one element more than the others.
+    That is fine as long as every rank still runs the same number of steps: give `batch_size`
+    to have it checked.
+
+    Args:
+        data: A `tf.data.Dataset`, a NumPy array, or a tuple, list or dict of NumPy arrays.
+        drop_remainder: Whether to drop the last `n % size` elements so that every rank gets
+            exactly `n // size`. For a dataset of unknown cardinality (after `filter`, or read
+            from files) this groups the elements into windows of `size`, which costs more per
+            element than `Dataset.shard`; an infinite dataset has no remainder to drop.
+        batch_size: The per-rank batch size the shard will be batched with, keeping the last
+            partial batch (the default of `Model.fit` and `Dataset.batch`). When given,
+            `shard` checks with `check_equal_steps` that every rank gets the same number of
+            batches and raises `ValueError` on every rank otherwise; it is then a collective
+            that every rank must call. Datasets of unknown or infinite cardinality are not
+            checked. If you batch with `drop_remainder=True`, shard with
+            `drop_remainder=True` too: equal shards give equal steps under either rule.
+
+    Returns:
+        This rank's shard, of the same kind as `data`.
+
+    Raises:
+        ValueError: If the arrays have different numbers of rows, or (with `batch_size`) the
+            ranks would run different numbers of steps.
+
+    Example:
+
+    ```python
+    import numpy as np
+    import tensorflow as tf
+    import kerasdist
+
+    x, y = np.arange(20.0).reshape(10, 2), np.arange(10)
+    x_shard, y_shard = kerasdist.data.shard((x, y), batch_size=4)
+    dataset = kerasdist.data.shard(tf.data.Dataset.from_tensor_slices((x, y)), batch_size=4)
+    # With 2 ranks, rank 1 gets rows 1, 3, 5, 7, 9 both ways.
+    ```
+    """
+    rank, size = _rank_and_size()
+    if isinstance(data, tf.data.Dataset):
+        sharded, rank_elements = _shard_dataset(data, rank, size, drop_remainder)
+    else:
+        sharded, rank_elements = _shard_arrays(data, rank, size, drop_remainder)
+    if batch_size is not None and rank_elements is not None:
+        check_equal_steps(steps_per_epoch(rank_elements, batch_size),
+                          what=f"batches of {batch_size} per epoch")
+    return sharded
+
+
+def _shard_dataset(dataset, rank, size, drop_remainder):
+    """The shard and its number of elements (None when unknown or infinite)."""
+    total = int(dataset.cardinality())
+    if total < 0:  # tf.data.UNKNOWN_CARDINALITY or tf.data.INFINITE_CARDINALITY
+        if drop_remainder and size > 1 and total == tf.data.UNKNOWN_CARDINALITY:
+            dataset = _whole_windows(dataset, size)
+        return dataset.shard(size, rank), None
+    if drop_remainder:
+        dataset = dataset.take(total // size * size)
+        return dataset.shard(size, rank), total // size
+    return dataset.shard(size, rank), len(range(rank, total, size))
+
+
+def _whole_windows(dataset, size):
+    """`dataset` without its last `n % size` elements, for a dataset whose n is unknown."""
+    element_is_tuple = isinstance(dataset.element_spec, tuple)
+
+    def rejoin(*window):
+        # tf.data passes a tuple element's components as separate arguments.
+        return tf.data.Dataset.zip(window if element_is_tuple else window[0])
+
+    return dataset.window(size, drop_remainder=True).flat_map(rejoin)
+
+
+def _shard_arrays(arrays, rank, size, drop_remainder):
+    leaves = tf.nest.flatten(arrays)
+    lengths = [len(leaf) for leaf in leaves]
+    if len(set(lengths)) > 1:
+        raise ValueError(f"kerasdist.data.shard: the arrays must have the same number of rows "
+                         f"to be sharded together; got {lengths}")
+    total = lengths[0] if lengths else 0
+    stop = total // size * size if drop_remainder else total
+    rows = slice(rank, stop, size)  # strided like Dataset.shard, so the two agree
+    return tf.nest.map_structure(lambda array: array[rows], arrays), len(range(rank, stop, size))
+
+
+def steps_per_epoch(num_examples, batch_size, *, drop_remainder=False):
+    """The number of batches of `batch_size` in `num_examples` examples.
+
+    Args:
+        num_examples: Non-negative int, the examples in one epoch (of one rank's shard).
+        batch_size: Positive int.
+        drop_remainder: Whether the last partial batch is dropped (as with
+            `Dataset.batch(..., drop_remainder=True)`); by default it counts as a step, as in
+            `Model.fit`.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    assert kerasdist.data.steps_per_epoch(899, 32) == 29
+    assert kerasdist.data.steps_per_epoch(899, 32, drop_remainder=True) == 28
+    ```
+    """
+    num_examples, batch_size = operator.index(num_examples), operator.index(batch_size)
+    if num_examples < 0 or batch_size <= 0:
+        raise ValueError(f"need num_examples >= 0 and batch_size > 0; got {num_examples} and {batch_size}")
+    if drop_remainder:
+        return num_examples // batch_size
+    return math.ceil(num_examples / batch_size)
+
+
+def check_equal_steps(steps, what="steps per epoch"):
+    """Checks that every rank will run `steps` steps; a collective, every rank must call it.
+
+    Ranks that ran different numbers of steps would pair one rank's gradient allreduce with
+    another's next-epoch step, or wait for a partner that never comes. This compares the
+    counts before training starts and raises the same error on every rank.
+
+    Args:
+        steps: Int, this rank's count.
+        what: What is counted, for the error message.
+
+    Returns:
+        `steps`, the same on every rank.
+
+    Raises:
+        ValueError: On every rank, if the ranks' counts differ; the message lists each
+            count with its ranks and how to make them equal.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    shard_size = 899 if kerasdist.rank() == 0 else 898  # e.g. 1797 examples on 2 ranks
+    steps = kerasdist.data.check_equal_steps(kerasdist.data.steps_per_epoch(shard_size, 32))
+    ```
+    """
+    counts = ops.allgather_object(steps)
+    if len(set(counts)) == 1:
+        return steps
+    ranks_by_count = {}
+    for rank, count in enumerate(counts):
+        ranks_by_count.setdefault(count, []).append(rank)
+    listing = "; ".join(f"{count} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                        for count, ranks in ranks_by_count.items())
+    raise ValueError(
+        f"kerasdist: the ranks would run different numbers of {what}: {listing}. Every rank must run "
+        f"the same number, or the gradient allreduces pair up wrongly or hang. To fix: shard with "
+        f"kerasdist.data.shard(..., drop_remainder=True) (every rank then gets n // size examples), "
+        f"or repeat() the data and pass steps_per_epoch={min(counts)} to fit.")
+
+
+def seed_for_rank(base_seed):
+    """A seed for this rank: `(base_seed + rank * 1_000_003) % 2**32`.
+
+    Distinct on every rank and the same from run to run; rank 0 keeps `base_seed`, so a
+    single-process run draws what the same script without kerasdist draws. Use it where ranks
+    should differ: shuffling each rank's shard, random augmentation.
+
+    Args:
+        base_seed: Int, the same on every rank.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist
+
+    dataset = kerasdist.data.shard(tf.data.Dataset.range(100))
+    dataset = dataset.shuffle(50, seed=kerasdist.data.seed_for_rank(42))
+    ```
+    """
+    rank, _ = _rank_and_size()
+    return (operator.index(base_seed) + rank * _RANK_SEED_STRIDE) % 2**32
+
+
+def set_random_seed_for_rank(base_seed):
+    """`keras.utils.set_random_seed(seed_for_rank(base_seed))`: seeds Python's `random`,
+    NumPy and the backend with this rank's seed, and returns that seed.
+
+    Draws made after the call differ across ranks: shuffles, augmentation, the dropout masks
+    of layers created after it, and the initial weights of models built after it. Broadcast
+    those weights from rank 0 (kerasdist's broadcast callback in `fit`, or
+    `kerasdist.broadcast_variables`) so that the replicas start equal.
+
+    Args:
+        base_seed: Int, the same on every rank.
+
+    Example:
+
+    ```python
+    import keras
+    import kerasdist
+
+    kerasdist.data.set_random_seed_for_rank(7)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    kerasdist.broadcast_variables(model.weights, root_rank=0)  # equal replicas
+    ```
+    """
+    seed = seed_for_rank(base_seed)
+    keras.utils.set_random_seed(seed)
+    return seed
