@@ -1,2 +1,79 @@
-"""Keras callbacks for distributed training."""
+"""Keras callbacks for distributed training.
+
+`kerasdist.callbacks(...)` returns the list a script passes to `model.fit`; the classes are
+importable from here too. The module itself is callable, so both read naturally:
+
+    model.fit(..., callbacks=kerasdist.callbacks(warmup_epochs=5))
+    from kerasdist.callbacks import LearningRateWarmup
+"""
+
+import sys
+import types
+
+import keras
+
+from kerasdist import runtime
+from kerasdist.callbacks.broadcast import BroadcastGlobalState
+from kerasdist.callbacks.checkpoint import Rank0Checkpoint
+from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
+from kerasdist.callbacks.metric_average import MetricAverage
+from kerasdist.callbacks.progress import Rank0ProgbarLogger
 from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
+
+__all__ = ["BroadcastGlobalState", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage",
+           "Rank0Checkpoint", "Rank0ProgbarLogger", "TrustRatioLogger", "default_callbacks"]
+
+
+def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scaling="linear", checkpoint_dir=None,
+                      resume=False, monitor="val_loss", save_best_only=False, tensorboard_dir=None, csv_path=None,
+                      extra=()):
+    """The callbacks a distributed `model.fit` needs, in the order they must run.
+
+    Always: `BroadcastGlobalState` (everyone starts from `root_rank`'s state), `MetricAverage`
+    (exact global logs) and a progress bar shown by `root_rank` only. On request: warmup,
+    rank-0 checkpoints (with resume), and TensorBoard / CSV logs that only `root_rank` writes.
+    Callbacks that read the logs come after `MetricAverage`, so they see global values.
+
+    Args:
+        root_rank: the rank that is broadcast from and that prints and writes. Defaults to 0.
+        average_metrics: include `MetricAverage`. Defaults to True.
+        warmup_epochs: > 0 adds `LearningRateWarmup(warmup_epochs, scaling)`.
+        scaling: learning-rate scaling rule for the warmup: "linear", "sqrt" or "none".
+        checkpoint_dir: adds `Rank0Checkpoint(checkpoint_dir, resume=..., monitor=...,
+            save_best_only=...)`. Every rank must call this function then (resume looks up the
+            latest checkpoint collectively).
+        tensorboard_dir: `keras.callbacks.TensorBoard(tensorboard_dir)` on `root_rank`.
+        csv_path: `keras.callbacks.CSVLogger(csv_path)` on `root_rank`.
+        extra: more callbacks, placed after the metric averaging and before the loggers.
+
+    Example:
+        >>> import keras, kerasdist, numpy as np
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+        >>> history = model.fit(np.ones((8, 3)), np.ones((8, 1)), verbose=0,
+        ...                     callbacks=kerasdist.callbacks(warmup_epochs=1))
+    """
+    is_root = runtime.state().rank == root_rank
+    callbacks = [BroadcastGlobalState(root_rank)]
+    if average_metrics:
+        callbacks.append(MetricAverage())
+    if warmup_epochs:
+        callbacks.append(LearningRateWarmup(warmup_epochs, scaling=scaling))
+    callbacks.extend(extra)
+    if checkpoint_dir is not None:
+        callbacks.append(Rank0Checkpoint(checkpoint_dir, resume=resume, monitor=monitor,
+                                         save_best_only=save_best_only, root_rank=root_rank))
+    if is_root and tensorboard_dir is not None:
+        callbacks.append(keras.callbacks.TensorBoard(tensorboard_dir))
+    if is_root and csv_path is not None:
+        callbacks.append(keras.callbacks.CSVLogger(csv_path))
+    callbacks.append(Rank0ProgbarLogger(root_rank))
+    return callbacks
+
+
+class _CallableModule(types.ModuleType):
+    def __call__(self, *args, **kwargs):
+        return default_callbacks(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,0 +1,338 @@
+"""Checkpoints that one rank writes atomically, and resuming training from them."""
+
+import builtins
+import collections
+import json
+import os
+import tempfile
+import warnings
+import zipfile
+
+from keras.src.callbacks.monitor_callback import MonitorCallback
+from keras.src.utils import io_utils
+
+from kerasdist import ops, runtime
+from kerasdist.callbacks import training_state
+
+# Names Rank0Checkpoint owns in its directory.
+STATE_FILENAME = "checkpoint_state.json"  # {"latest": file name, "kept": file names, oldest first}
+PARTIAL_PREFIX = ".kerasdist-partial-"  # a file being written; never a checkpoint
+METADATA_ENTRY = "kerasdist_checkpoint.json"  # inside each .keras archive: epoch, monitor, best
+
+SavedCheckpoint = collections.namedtuple("SavedCheckpoint", ["path", "epoch", "monitor", "best"])
+SavedCheckpoint.__doc__ = """A checkpoint on disk: its `path`, the number of epochs completed when it
+was saved (`epoch`, the `initial_epoch` to continue from), and the `best` value of `monitor`
+seen by then (`None` unless it was saved with `save_best_only=True`)."""
+
+
+class Rank0Checkpoint(MonitorCallback):
+    """Saves the model at the end of epochs from one rank, atomically, and resumes from it.
+
+    Only `root_rank` writes (the other ranks never touch `directory`, not even to create it), and
+    saving runs no collective, so the other ranks go on training meanwhile. Each checkpoint is a
+    complete `.keras` file (`model.save`: architecture, weights and optimizer state, including a
+    `kerasdist.DistributedOptimizer` and the optimizer it wraps). It is written under a temporary
+    name, flushed to disk and renamed into place, and only then recorded as the latest in
+    `directory/checkpoint_state.json` (written the same way), and the epoch it belongs to is stored
+    inside the file itself: a crash or `kill -9` at any moment leaves a complete, loadable
+    checkpoint recorded as the latest, with its true epoch (the previous one, or the new one once
+    it is complete, which matters when every save goes to one file name). Leftover temporary files
+    (named `.kerasdist-partial-*`) are never taken for checkpoints and are removed the next time
+    a `Rank0Checkpoint` is constructed on the directory. One training job per directory.
+
+    `monitor`, `mode` and `save_best_only` mean what they mean for `keras.callbacks.
+    ModelCheckpoint`. List this callback after `kerasdist.callbacks.MetricAverage`, so that the
+    logs it monitors are the global ones.
+
+    With `resume=True`, the constructor looks up the latest checkpoint in `directory` on
+    `root_rank` and tells every rank its epoch (`initial_epoch`, 0 when there is none); at the
+    start of `fit`, `root_rank` loads the model and optimizer variables from it and broadcasts
+    them to every rank. `fit` then continues from `initial_epoch` by itself (as with
+    `keras.callbacks.BackupAndRestore`); passing `initial_epoch=checkpoint.initial_epoch` to `fit`
+    as well says so explicitly. The best monitored value is restored too, so `save_best_only`
+    goes on comparing against the best value of the interrupted run.
+
+    The constructor is a collective: every rank must construct the callback, with the same
+    arguments except `directory`, which only `root_rank` uses. (Unlike with Horovod's recipe, do
+    not create it on rank 0 alone.) A directory `root_rank` cannot create or write to, or a
+    checkpoint it cannot load, raises the same error on every rank instead of leaving the other
+    ranks waiting.
+
+    Args:
+        directory: where `root_rank` writes checkpoints; created if needed.
+        filename: name of each checkpoint in `directory`, ending in `.keras`, formatted like
+            `ModelCheckpoint`'s `filepath` with `epoch` (counted from 1) and the epoch's logs,
+            e.g. `"{epoch:03d}-{val_loss:.3f}.keras"`. A name without fields (`"best.keras"`) is
+            overwritten by each save. Defaults to `"epoch{epoch:04d}.keras"`.
+        monitor: the log entry `save_best_only` watches. Defaults to `"val_loss"`.
+        mode: `"auto"`, `"min"` or `"max"`, as for `ModelCheckpoint`. Defaults to `"auto"`.
+        save_best_only: save only when `monitor` improved on the best value so far. When the logs
+            lack `monitor`, Keras's rule applies: warn and save. Defaults to `False`.
+        keep_last: keep only this many of the newest checkpoints this callback wrote, deleting
+            older ones; `None` (default) keeps all.
+        resume: continue from the latest checkpoint in `directory`, if there is one.
+        root_rank: the rank that writes and restores. Defaults to 0.
+        verbose: 1 prints a line on `root_rank` for each save or skipped save. Defaults to 0.
+
+    Attributes:
+        initial_epoch: the epoch training continues from: the latest checkpoint's epoch count
+            with `resume=True` and a checkpoint found, otherwise 0. Equal on every rank.
+        resumed_from: the `SavedCheckpoint` resumed from, or `None`.
+
+    Raises:
+        ValueError: on every rank, for a `filename` that is not a plain `.keras` file name, a
+            `keep_last` below 1 or a `root_rank` outside the job.
+        OSError: on every rank, when `root_rank` cannot create or write to `directory`, or
+            `resume=True` finds a checkpoint record that names a missing or foreign file.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist
+    from kerasdist.callbacks import Rank0Checkpoint
+
+    kerasdist.init()
+    x = np.random.rand(256, 8).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9)),
+                  loss="mse")
+    # Run this script again after an interruption: it continues after the last saved epoch.
+    checkpoint = Rank0Checkpoint("checkpoints", monitor="loss", keep_last=3, resume=True)
+    model.fit(x, y, epochs=10, initial_epoch=checkpoint.initial_epoch, verbose=0,
+              callbacks=[checkpoint])
+    latest = Rank0Checkpoint.latest("checkpoints")  # a SavedCheckpoint(path, epoch, ...)
+    restored = keras.saving.load_model(latest.path)
+    ```
+    """
+
+    def __init__(self, directory, filename="epoch{epoch:04d}.keras", monitor="val_loss", mode="auto",
+                 save_best_only=False, keep_last=None, resume=False, root_rank=0, verbose=0):
+        super().__init__(monitor, mode)
+        _check_filename(filename)
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
+                                      or keep_last < 1):
+            raise ValueError(f"keep_last={keep_last!r} must be None (keep all) or an integer >= 1")
+        world = runtime.state()
+        if not 0 <= root_rank < world.size:
+            raise ValueError(f"root_rank={root_rank} is not a rank of this job of {world.size} process(es)")
+        self.directory = os.fspath(directory)
+        self.filename = filename
+        self.save_best_only = save_best_only
+        self.keep_last = keep_last
+        self.resume = resume
+        self.root_rank = root_rank
+        self.verbose = verbose
+        self._is_root = world.rank == root_rank
+
+        latest, kept = _on_root_for_every_rank(self._prepare_directory, root_rank)
+        self.resumed_from = latest if resume else None
+        self.initial_epoch = latest.epoch if self.resumed_from else 0
+        self._kept = kept if self.resumed_from else []
+        if self.resumed_from and save_best_only and latest.monitor == monitor:
+            self.best = latest.best
+        self._restore_pending = self.resumed_from is not None
+        self._set_initial_epoch = False
+
+    @staticmethod
+    def latest(directory):
+        """The newest complete checkpoint in `directory` as a `SavedCheckpoint`, or `None`.
+
+        Reads the directory directly (no collective): call it where the directory is visible.
+        Raises `FileNotFoundError` when the record names a checkpoint that was deleted since.
+        """
+        return _read_latest(os.fspath(directory))[0]
+
+    def _prepare_directory(self):
+        """On the root: make sure checkpoints can be written, drop leftovers, find the latest."""
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            handle, probe = tempfile.mkstemp(prefix=PARTIAL_PREFIX, dir=self.directory)
+            os.close(handle)
+            os.remove(probe)
+        except OSError as error:
+            reason = ("it exists and is not a directory" if os.path.exists(self.directory)
+                      and not os.path.isdir(self.directory) else error.strerror or str(error))
+            raise type(error)(
+                f"Rank0Checkpoint: rank {self.root_rank} cannot write checkpoints to {self.directory!r} "
+                f"({reason}); pass a directory that rank {self.root_rank} can create and write to") from error
+        for name in os.listdir(self.directory):
+            if name.startswith(PARTIAL_PREFIX):  # from a save that was interrupted
+                os.remove(os.path.join(self.directory, name))
+        return _read_latest(self.directory) if self.resume else (None, [])
+
+    def on_train_begin(self, logs=None):
+        if self._restore_pending:
+            self._restore_pending = False
+            self._restore()
+
+    def _restore(self):
+        # Keras creates optimizer variables at the first step; they must exist to be loaded into.
+        if not training_state.build_optimizer(self.model) or not self.model.built:
+            raise ValueError("Rank0Checkpoint(resume=True) needs a model that is built when fit() starts; "
+                             "give it an input shape (keras.Input or model.build) before fit()")
+        path = self.resumed_from.path
+        _on_root_for_every_rank(lambda: self.model.load_weights(path), self.root_rank)
+        training_state.broadcast_training_state(self.model, self.root_rank)
+        if self._is_root and self.verbose > 0:
+            io_utils.print_msg(f"Rank0Checkpoint: resumed from {path} after epoch {self.initial_epoch}")
+        # fit() reads this after on_train_begin (Keras's BackupAndRestore resumes the same way).
+        self.model._initial_epoch = self.initial_epoch
+        self._set_initial_epoch = True
+
+    def on_train_end(self, logs=None):
+        if self._set_initial_epoch:  # a later fit() starts where its caller says
+            self.model._initial_epoch = None
+            self._set_initial_epoch = False
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        # Every rank checks the monitor and the file name, so a mistake fails on all of them.
+        if self.save_best_only and self.monitor_op is None:
+            self._set_monitor_op()
+        name = _format_filename(self.filename, epoch, logs)
+        if not self._is_root or not self._should_save(epoch, logs, name):
+            return
+        self._save(name, epoch + 1)
+
+    def _should_save(self, epoch, logs, name):
+        if not self.save_best_only:
+            if self.verbose > 0:
+                io_utils.print_msg(f"\nEpoch {epoch + 1}: saving model to {name}")
+            return True
+        current = logs.get(self.monitor)
+        if current is None:
+            warnings.warn(f"Rank0Checkpoint: can save the best model only with {self.monitor!r} in the "
+                          f"logs (it has {sorted(logs)}); saving this epoch", stacklevel=2)
+            return True
+        best_text = "None" if self.best is None else f"{self.best:.5f}"
+        if not self._is_improvement(current, self.best):
+            if self.verbose > 0:
+                io_utils.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} did not improve from {best_text}")
+            return False
+        if self.verbose > 0:
+            io_utils.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} improved from {best_text} to "
+                               f"{float(current):.5f}, saving model to {name}")
+        self.best = float(current)
+        return True
+
+    def _save(self, name, epochs_done):
+        """Writes one checkpoint so that a crash at any point leaves the previous one usable."""
+        path = os.path.join(self.directory, name)
+        partial = os.path.join(self.directory, PARTIAL_PREFIX + name)  # ends in .keras, as save() wants
+        metadata = {"epoch": epochs_done, "monitor": self.monitor,
+                    "best": self.best if self.save_best_only else None}
+        try:
+            self.model.save(partial)
+            # The epoch travels inside the archive, so it is replaced together with the weights
+            # even when every save goes to the same file name.
+            with zipfile.ZipFile(partial, "a") as archive:
+                archive.writestr(METADATA_ENTRY, json.dumps(metadata))
+            _fsync_file(partial)
+            os.replace(partial, path)
+            _fsync_file(self.directory)
+        finally:
+            if os.path.exists(partial):
+                os.remove(partial)
+        self._kept = [kept for kept in self._kept if kept != name] + [name]
+        dropped = []
+        if self.keep_last is not None:
+            dropped, self._kept = self._kept[:-self.keep_last], self._kept[-self.keep_last:]
+        _write_atomically(os.path.join(self.directory, STATE_FILENAME),
+                          json.dumps({"latest": name, "kept": self._kept}))
+        for old in dropped:  # only after the record no longer names them
+            try:
+                os.remove(os.path.join(self.directory, old))
+            except FileNotFoundError:
+                pass
+
+
+def _check_filename(filename):
+    if not isinstance(filename, str) or not filename.endswith(".keras"):
+        raise ValueError(f"filename={filename!r} must end in '.keras' (Rank0Checkpoint saves whole models)")
+    if os.path.basename(filename) != filename or filename.startswith(PARTIAL_PREFIX):
+        raise ValueError(f"filename={filename!r} must be a plain file name inside `directory`, not a path, and "
+                         f"not start with {PARTIAL_PREFIX!r}")
+
+
+def _format_filename(filename, epoch, logs):
+    try:
+        return filename.format(epoch=epoch + 1, **logs)
+    except (KeyError, IndexError, ValueError) as error:
+        raise ValueError(f"Rank0Checkpoint: cannot format filename={filename!r} with epoch and the logs "
+                         f"{sorted(logs)}: {error!r}") from error
+
+
+def _read_latest(directory):
+    """(SavedCheckpoint of the latest checkpoint or None, names of the kept checkpoints)."""
+    try:
+        with open(os.path.join(directory, STATE_FILENAME)) as file:
+            state = json.load(file)
+    except FileNotFoundError:
+        return None, []
+    path = os.path.join(directory, state["latest"])
+    try:
+        with zipfile.ZipFile(path) as archive:
+            metadata = json.loads(archive.read(METADATA_ENTRY))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{os.path.join(directory, STATE_FILENAME)} names {path} as the latest checkpoint, "
+                                "but it is missing; put it back, or delete the record to start afresh") from None
+    except (KeyError, zipfile.BadZipFile) as error:
+        raise OSError(f"{path} is not a checkpoint written by Rank0Checkpoint ({error})") from None
+    return SavedCheckpoint(path, metadata["epoch"], metadata["monitor"], metadata["best"]), state["kept"]
+
+
+def _on_root_for_every_rank(function, root_rank):
+    """Runs `function` on `root_rank` only; every rank returns its result, or raises its error."""
+    result, failure = None, None
+    if runtime.state().rank == root_rank:
+        try:
+            result = function()
+        except Exception as error:  # noqa: BLE001 - handed to every rank, then raised
+            failure = error
+    shared = ops.broadcast_object(
+        (result, None if failure is None else (type(failure).__name__, str(failure))), root_rank)
+    if failure is not None:
+        raise failure
+    result, failure_text = shared
+    if failure_text is not None:
+        raise _same_kind_of_error(*failure_text, root_rank)
+    return result
+
+
+def _same_kind_of_error(kind_name, message, root_rank):
+    """The root's error for another rank: the same built-in type where possible, else RuntimeError."""
+    message = f"{message} (raised on rank {root_rank})"
+    kind = getattr(builtins, kind_name, None)
+    if isinstance(kind, type) and issubclass(kind, Exception):
+        try:
+            return kind(message)
+        except TypeError:  # a type that takes other arguments (UnicodeDecodeError)
+            pass
+    return RuntimeError(f"{kind_name}: {message}")
+
+
+def _fsync_file(path):
+    """Flushes a file, or a directory's entries, to the disk."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def _write_atomically(path, text):
+    directory, name = os.path.split(path)
+    partial = os.path.join(directory, PARTIAL_PREFIX + name)
+    try:
+        with open(partial, "w") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
+        _fsync_file(directory)
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)

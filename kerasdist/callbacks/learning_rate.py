@@ -1,0 +1,205 @@
+"""Learning-rate warmup and schedules for large global batches (Goyal et al. 2017)."""
+
+import math
+
+import keras
+
+from kerasdist import runtime
+
+_SCALINGS = ("linear", "sqrt", "none")
+
+
+def innermost_optimizer(optimizer):
+    """Looks through wrappers (`DistributedOptimizer`, `LossScaleOptimizer`) to the optimizer that
+    owns the update rule."""
+    while hasattr(optimizer, "inner_optimizer"):
+        optimizer = optimizer.inner_optimizer
+    return optimizer
+
+
+def batch_scale(optimizer, scaling):
+    """How many times the single-worker batch the global batch is, after `scaling`.
+
+    The global batch is (per-rank batch) × ranks × `backward_passes_per_step`; "linear" returns
+    that factor, "sqrt" its square root, "none" 1.
+    """
+    if scaling not in _SCALINGS:
+        raise ValueError(f"scaling={scaling!r}; expected one of {_SCALINGS}")
+    factor = runtime.state().size * getattr(optimizer, "backward_passes_per_step", 1)
+    return {"linear": factor, "sqrt": math.sqrt(factor), "none": 1.0}[scaling]
+
+
+def _velocities(optimizer):
+    """State variables into which the optimizer multiplies the learning rate (SGD's and LARS's
+    momentum), or [] when the rate is applied afresh each step (Adam, LAMB, plain SGD)."""
+    inner = innermost_optimizer(optimizer)
+    found = getattr(inner, "momentums", None) or getattr(inner, "_velocities", None) or []
+    return [v for v in found if v is not None]
+
+
+class _LearningRateCallback(keras.callbacks.Callback):
+    """Sets the learning rate from `initial_lr`, the rate the script asked for on one worker."""
+
+    def __init__(self, initial_lr, scaling, steps_per_epoch, momentum_correction, verbose):
+        super().__init__()
+        if scaling not in _SCALINGS:
+            raise ValueError(f"scaling={scaling!r}; expected one of {_SCALINGS}")
+        self.initial_lr = initial_lr
+        self.scaling = scaling
+        self.steps_per_epoch = steps_per_epoch
+        self.momentum_correction = momentum_correction
+        self.verbose = verbose
+        self._epoch = 0
+
+    def set_model(self, model):
+        super().set_model(model)
+        # Read before a checkpoint restore can overwrite the rate, and only once: a second fit
+        # of the same model must not start from the scaled rate.
+        if self.initial_lr is None and getattr(model, "optimizer", None) is not None:
+            self.initial_lr = self._current_lr(model.optimizer)
+
+    @staticmethod
+    def _current_lr(optimizer):
+        if isinstance(innermost_optimizer(optimizer)._learning_rate,
+                      keras.optimizers.schedules.LearningRateSchedule):
+            raise ValueError("the optimizer's learning rate is a LearningRateSchedule object, which a "
+                             "callback cannot set; give the optimizer a float rate")
+        return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+    def on_train_begin(self, logs=None):
+        if self.initial_lr is None:
+            self.initial_lr = self._current_lr(self.model.optimizer)
+        if self.steps_per_epoch is None:
+            self.steps_per_epoch = self.params.get("steps")
+        if not self.steps_per_epoch and self._needs_steps_per_epoch():
+            raise ValueError(f"{type(self).__name__} needs the number of steps per epoch: pass "
+                             "steps_per_epoch= to it (the dataset's length is unknown)")
+
+    def _needs_steps_per_epoch(self):
+        return True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["learning_rate"] = self._current_lr(self.model.optimizer)
+
+    def scaled_lr(self):
+        """The single-worker rate times the batch scale (`scaling`)."""
+        return self.initial_lr * batch_scale(self.model.optimizer, self.scaling)
+
+    def _set_lr(self, new_lr):
+        optimizer = self.model.optimizer
+        old_lr = self._current_lr(optimizer)
+        if new_lr == old_lr:
+            return
+        if self.momentum_correction and old_lr > 0:
+            # SGD's velocity holds lr·g terms: rescale it so the new rate applies to the past
+            # gradients too, instead of a jump that momentum would smear over many steps.
+            for velocity in _velocities(optimizer):
+                velocity.assign(velocity * (new_lr / old_lr))
+        optimizer.learning_rate = new_lr
+        if self.verbose and runtime.state().rank == 0:
+            print(f"{type(self).__name__}: epoch {self._epoch}: learning rate {new_lr:.6g}")
+
+
+class LearningRateWarmup(_LearningRateCallback):
+    """Ramps the learning rate, per batch, from the single-worker rate to the scaled rate.
+
+    Large global batches want a proportionally larger rate (the linear scaling rule), but
+    starting there diverges; Goyal et al. ramp up over the first epochs. With `initial_lr` η,
+    batch scale k (ranks × `backward_passes_per_step`, or its square root for
+    `scaling="sqrt"`), `W = warmup_epochs` and `S` steps per epoch, the step at batch `b` of
+    epoch `e < W` runs at
+
+        η · (1 + (k − 1) · (e·S + b) / (W·S))
+
+    so the first step uses η and the first step after warmup uses η·k, which stays in place
+    afterwards (a later schedule or callback takes over from there). With momentum correction
+    (default) the velocity of SGD-like optimizers is rescaled whenever the rate changes.
+
+    Args:
+        warmup_epochs: length of the ramp, in epochs (may be fractional). Defaults to 5.
+        scaling: "linear" (default), "sqrt" or "none".
+        initial_lr: the single-worker rate; defaults to the optimizer's rate when the callback
+            is first attached to the model, i.e. what the script configured.
+        steps_per_epoch: defaults to what `fit` knows.
+        momentum_correction: whether to rescale the velocity. Defaults to True.
+        verbose: print the rate at the end of warmup (rank 0).
+
+    Example:
+        >>> import keras, kerasdist, numpy as np
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+        >>> warmup = kerasdist.callbacks.LearningRateWarmup(warmup_epochs=1)
+        >>> history = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, epochs=2,
+        ...                     callbacks=[warmup], verbose=0)
+        >>> round(history.history["learning_rate"][-1], 6) == round(0.01 * kerasdist.size(), 6)
+        True
+    """
+
+    def __init__(self, warmup_epochs=5, scaling="linear", initial_lr=None, steps_per_epoch=None,
+                 momentum_correction=True, verbose=0):
+        super().__init__(initial_lr, scaling, steps_per_epoch, momentum_correction, verbose)
+        if warmup_epochs <= 0:
+            raise ValueError(f"warmup_epochs={warmup_epochs!r} must be > 0")
+        self.warmup_epochs = warmup_epochs
+
+    def rate_at(self, epoch, batch):
+        """The rate for the step at `batch` of `epoch` (the formula in the class docstring)."""
+        progress = min(1.0, (epoch * self.steps_per_epoch + batch) / (self.warmup_epochs * self.steps_per_epoch))
+        return self.initial_lr * (1.0 + (batch_scale(self.model.optimizer, self.scaling) - 1.0) * progress)
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self._epoch * self.steps_per_epoch + batch <= self.warmup_epochs * self.steps_per_epoch:
+            self._set_lr(self.rate_at(self._epoch, batch))
+
+
+class LearningRateSchedule(_LearningRateCallback):
+    """Sets the rate to `initial_lr` × batch scale × `multiplier(epoch)` within an epoch range.
+
+    The batch scale is as in `LearningRateWarmup` (ranks × `backward_passes_per_step`, by
+    `scaling`), so a schedule written for one worker continues where the warmup ends. Outside
+    `[start_epoch, end_epoch)` the rate is left alone.
+
+    Args:
+        multiplier: a number, or a function of the epoch returning one. With
+            `staircase=True` (default) it is called with the integer epoch at each epoch start;
+            otherwise with the fractional epoch `e + b/S` before every batch.
+        start_epoch: first epoch the schedule applies to. Defaults to 0.
+        end_epoch: first epoch it no longer applies to; None for no end.
+        staircase, initial_lr, scaling, steps_per_epoch, momentum_correction, verbose: as above.
+
+    Example: the classic ImageNet schedule after 5 epochs of warmup.
+
+        callbacks = [
+            kerasdist.callbacks.LearningRateWarmup(warmup_epochs=5),
+            kerasdist.callbacks.LearningRateSchedule(1.0, start_epoch=5, end_epoch=30),
+            kerasdist.callbacks.LearningRateSchedule(0.1, start_epoch=30, end_epoch=60),
+            kerasdist.callbacks.LearningRateSchedule(0.01, start_epoch=60),
+        ]
+    """
+
+    def __init__(self, multiplier, start_epoch=0, end_epoch=None, staircase=True, initial_lr=None,
+                 scaling="linear", steps_per_epoch=None, momentum_correction=True, verbose=0):
+        super().__init__(initial_lr, scaling, steps_per_epoch, momentum_correction, verbose)
+        self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
+        self.start_epoch = start_epoch
+        self.end_epoch = end_epoch
+        self.staircase = staircase
+
+    def _applies(self, epoch):
+        return epoch >= self.start_epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+    def _needs_steps_per_epoch(self):
+        return not self.staircase
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
+        if self.staircase and self._applies(epoch):
+            self._set_lr(self.scaled_lr() * self.multiplier(epoch))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if not self.staircase and self._applies(self._epoch):
+            self._set_lr(self.scaled_lr() * self.multiplier(self._epoch + batch / self.steps_per_epoch))

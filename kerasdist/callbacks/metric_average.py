@@ -1,0 +1,70 @@
+"""Exact global metrics: combine the metrics' sums and counts across ranks."""
+
+import keras
+import tensorflow as tf
+
+from kerasdist import ops, runtime
+from kerasdist.callbacks import training_state
+
+
+def global_metrics_result(model, local_result):
+    """`model.get_metrics_result()` as if one process had seen every rank's batches.
+
+    Keras metrics keep additive state (a Mean keeps total and count; Precision keeps true and
+    false positives; AUC keeps per-threshold counts), so the sum of each state variable over
+    ranks is the state one process would have had. The summed values are swapped in to compute
+    the result, then this rank's own state is put back. Works for every metric whose state
+    variables add up across batches, which includes all of Keras's built-ins.
+    """
+    variables = [v for metric in model.metrics for v in metric.variables]
+    if not variables:
+        return local_result()
+    own_values = [tf.identity(v.value) for v in variables]
+    summed = ops.grouped_allreduce(own_values, op=ops.Sum, name=None)
+    try:
+        for variable, total in zip(variables, summed):
+            variable.assign(total)
+        return local_result()
+    finally:
+        for variable, own in zip(variables, own_values):
+            variable.assign(own)
+
+
+class MetricAverage(keras.callbacks.Callback):
+    """Makes the metrics Keras reports at the end of an epoch and of `evaluate` global and exact.
+
+    Each rank sees only its shard, so its loss and accuracy describe only that shard. With this
+    callback the epoch logs (train and `val_` entries, hence `History`, `CSVLogger`,
+    `TensorBoard`, checkpoints and early stopping) and the values `model.evaluate` returns are
+    computed from the metrics' sums and counts over all ranks: equal on every rank and equal to
+    what one process on the whole data would report, also when shards have unequal sizes.
+    Averaging per-rank averages would not be.
+
+    How: once attached, the model's eager `get_metrics_result()` (what Keras calls at epoch end
+    and at the end of `evaluate`) sums every metric state variable across ranks in one grouped
+    allreduce. Per-batch values (the running numbers in the progress bar) stay this rank's own:
+    reducing them every step would cost a collective per batch. The model stays attached after
+    `fit`, so a later `model.evaluate()` is global too; every rank must then call it.
+
+    Example:
+        >>> import keras, kerasdist, numpy as np
+        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        >>> model.compile("sgd", loss="mse", metrics=["mae"])
+        >>> history = model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
+        ...                     callbacks=[kerasdist.callbacks.MetricAverage()])
+    """
+
+    def set_model(self, model):
+        super().set_model(model)
+        training_state.turn_off_xla(model)
+        if runtime.state().size == 1 or getattr(model, "_kerasdist_global_metrics", False):
+            return
+        local_result = model.get_metrics_result
+
+        def get_metrics_result():
+            if not tf.executing_eagerly():  # inside a train/test step: per-batch, stays local
+                return local_result()
+            return global_metrics_result(model, local_result)
+
+        model.get_metrics_result = get_metrics_result
+        model._kerasdist_global_metrics = True

@@ -1,0 +1,209 @@
+"""The default callbacks: global metrics, rank-0 output, warmup and schedules.
+
+Expected values come from plain Keras on the union of every rank's data (each rank builds
+all shards itself) or from the formulas in ALGORITHMS.md written out here.
+"""
+
+import math
+
+import numpy as np
+import pytest
+import keras
+
+import kerasdist as kd
+from kerasdist.callbacks import (BroadcastGlobalState, LearningRateSchedule, LearningRateWarmup, MetricAverage,
+                                 Rank0ProgbarLogger)
+
+kd.init()
+RANK, SIZE = kd.rank(), kd.size()
+
+
+def classifier(seed=2):
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, activation="softmax")])
+    return model
+
+
+def shard_of_unequal_size(rank, seed):
+    """Rank r holds 5 + 3r rows: shards differ in size, so an average of per-rank means is wrong."""
+    rng = np.random.default_rng([seed, rank])
+    x = rng.normal(size=(5 + 3 * rank, 4)).astype("float32")
+    return x, rng.integers(0, 3, size=len(x))
+
+
+def union_of_shards(seed):
+    shards = [shard_of_unequal_size(r, seed) for r in range(SIZE)]
+    return np.concatenate([s[0] for s in shards]), np.concatenate([s[1] for s in shards])
+
+
+def metrics():
+    return ["accuracy", keras.metrics.SparseTopKCategoricalAccuracy(k=2, name="top2")]
+
+
+def compiled(model):
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy",
+                  metrics=metrics())
+    return model
+
+
+def test_evaluate_is_exact_over_unequal_shards():
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=7)
+    model.fit(x[:4], y[:4], batch_size=2, verbose=0, callbacks=kd.callbacks())  # attaches MetricAverage
+    got = model.evaluate(x, y, batch_size=3, verbose=0, return_dict=True)
+
+    reference = classifier()
+    reference.set_weights(model.get_weights())
+    reference.compile(loss="sparse_categorical_crossentropy", metrics=metrics())
+    all_x, all_y = union_of_shards(seed=7)
+    expected = reference.evaluate(all_x, all_y, batch_size=3, verbose=0, return_dict=True)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+
+
+def test_metrics_with_count_tables_are_exact_too():
+    # AUC, precision and recall keep per-threshold counts, not a total and a count.
+    def binary_model():
+        keras.utils.set_random_seed(4)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
+        model.compile(loss="binary_crossentropy", metrics=[keras.metrics.AUC(num_thresholds=50, name="auc"),
+                                                           keras.metrics.Precision(name="precision"),
+                                                           keras.metrics.Recall(name="recall")])
+        return model
+
+    x, y = shard_of_unequal_size(RANK, seed=15)
+    model = binary_model()  # the same weights on every rank (same seed)
+    got = model.evaluate(x, y % 2, batch_size=3, verbose=0, return_dict=True, callbacks=[MetricAverage()])
+    reference = binary_model()
+    all_x, all_y = union_of_shards(seed=15)
+    expected = reference.evaluate(all_x, all_y % 2, batch_size=3, verbose=0, return_dict=True)
+    for name in expected:
+        assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+
+
+def test_epoch_logs_are_global_and_equal_on_every_rank():
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=8)
+    vx, vy = shard_of_unequal_size(RANK, seed=9)
+    # 2 steps per epoch on every rank (5+3r rows cut to 4), unequal validation shards
+    history = model.fit(x[:4], y[:4], batch_size=2, epochs=2, validation_data=(vx, vy), verbose=0,
+                        callbacks=kd.callbacks())
+    logs = {name: values[-1] for name, values in history.history.items()}
+    everyone = kd.allgather_object(logs)
+    assert all(other == everyone[0] for other in everyone)
+
+    reference = classifier()
+    reference.set_weights(model.get_weights())
+    reference.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    all_vx, all_vy = union_of_shards(seed=9)
+    expected = reference.evaluate(all_vx, all_vy, verbose=0, return_dict=True)
+    assert logs["val_loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert logs["val_accuracy"] == pytest.approx(expected["accuracy"], abs=1e-7)
+
+
+def test_train_loss_in_the_logs_is_over_every_ranks_batches():
+    # One step per epoch: the logged train loss is the loss before the step, on the union.
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=10)
+    before = classifier()
+    before.compile(loss="sparse_categorical_crossentropy")
+    history = model.fit(x[:4], y[:4], batch_size=4, epochs=1, verbose=0, callbacks=kd.callbacks())
+    rows = [shard_of_unequal_size(r, seed=10) for r in range(SIZE)]
+    expected = before.evaluate(np.concatenate([r[0][:4] for r in rows]), np.concatenate([r[1][:4] for r in rows]),
+                               verbose=0)
+    assert history.history["loss"][0] == pytest.approx(expected, rel=1e-5)
+
+
+def test_only_the_root_rank_prints_progress(capsys):
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=11)
+    model.fit(x[:4], y[:4], batch_size=2, epochs=2, verbose=1, callbacks=kd.callbacks())
+    printed = capsys.readouterr().out
+    if RANK == 0:
+        assert "Epoch 2/2" in printed and "loss" in printed
+    else:
+        assert printed == ""
+
+
+def test_callbacks_module_is_callable_and_orders_its_list(tmp_path):
+    callbacks = kd.callbacks(warmup_epochs=2, csv_path=tmp_path / f"log{RANK}.csv")
+    kinds = [type(c) for c in callbacks]
+    assert kinds[:3] == [BroadcastGlobalState, MetricAverage, LearningRateWarmup]
+    assert kinds[-1] is Rank0ProgbarLogger
+    assert (keras.callbacks.CSVLogger in kinds) == (RANK == 0)
+    assert kd.callbacks.default_callbacks is not None and kd.callbacks.MetricAverage is MetricAverage
+
+
+class LearningRateProbe(keras.callbacks.Callback):
+    """Records the rate each step runs with and the SGD velocity around each change."""
+
+    def __init__(self):
+        super().__init__()
+        self.rates, self.velocity_ratios = [], []
+        self._velocity_after_last_step = None
+
+    def _velocity(self):
+        inner = self.model.optimizer.inner_optimizer
+        return inner.momentums[0].numpy().copy() if inner.built and inner.momentums else None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.rates.append(float(self.model.optimizer.learning_rate.numpy()))
+        now = self._velocity()
+        if self._velocity_after_last_step is not None and np.abs(self._velocity_after_last_step).max() > 0:
+            self.velocity_ratios.append(float(np.median(now / self._velocity_after_last_step)))
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._velocity_after_last_step = self._velocity()
+
+
+@pytest.mark.parametrize("scaling", ["linear", "sqrt"])
+def test_warmup_rates_follow_the_formula_with_momentum_correction(scaling):
+    base_lr, steps, warmup_epochs, epochs = 0.01, 4, 2, 3
+    model = classifier()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr, momentum=0.9)),
+                  loss="sparse_categorical_crossentropy")
+    x, y = shard_of_unequal_size(RANK, seed=12)
+    x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
+    probe = LearningRateProbe()
+    history = model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
+                        callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs, scaling=scaling),
+                                   probe])
+    scale = SIZE if scaling == "linear" else math.sqrt(SIZE)
+    expected = [base_lr * (1 + (scale - 1) * min(1.0, (e * steps + b) / (warmup_epochs * steps)))
+                for e in range(epochs) for b in range(steps)]
+    np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
+    assert history.history["learning_rate"][-1] == pytest.approx(base_lr * scale, rel=1e-6)
+    # the velocity was multiplied by new/old rate at each change (in float32)
+    expected_ratios = [new / old for old, new in zip(expected, expected[1:])]
+    np.testing.assert_allclose(probe.velocity_ratios, expected_ratios, rtol=1e-5)
+
+
+def test_schedule_multiplies_the_scaled_rate_within_its_epochs():
+    base_lr = 0.02
+    model = classifier()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="sparse_categorical_crossentropy")
+    x, y = shard_of_unequal_size(RANK, seed=13)
+    probe = LearningRateProbe()
+    callbacks = [LearningRateSchedule(0.5, start_epoch=1, end_epoch=3),
+                 LearningRateSchedule(lambda epoch: 0.1 * epoch, start_epoch=3), probe]
+    model.fit(x[:4], y[:4], batch_size=2, epochs=5, shuffle=False, verbose=0, callbacks=callbacks)
+    per_epoch = probe.rates[::2]
+    expected = [base_lr, base_lr * SIZE * 0.5, base_lr * SIZE * 0.5, base_lr * SIZE * 0.3, base_lr * SIZE * 0.4]
+    np.testing.assert_allclose(per_epoch, expected, rtol=1e-6)
+
+
+def test_a_rate_schedule_object_cannot_be_warmed_up():
+    model = classifier()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=10, decay_rate=0.9)
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(schedule)), loss="sparse_categorical_crossentropy")
+    x, y = shard_of_unequal_size(RANK, seed=14)
+    with pytest.raises(ValueError, match="LearningRateSchedule object"):
+        model.fit(x[:4], y[:4], batch_size=2, verbose=0, callbacks=[LearningRateWarmup(1)])
+
+
+def test_bad_callback_arguments_are_named():
+    with pytest.raises(ValueError, match="scaling="):
+        LearningRateWarmup(scaling="cubic")
+    with pytest.raises(ValueError, match="warmup_epochs=0"):
+        LearningRateWarmup(warmup_epochs=0)

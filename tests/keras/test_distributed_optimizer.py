@@ -1,0 +1,261 @@
+"""DistributedOptimizer and DistributedGradientTape against one process with the global batch.
+
+Every rank builds the whole data set and the reference result itself with plain Keras
+(no kerasdist in the reference), so the comparison is independent of the code under test.
+Global step t uses rows [t·G, (t+1)·G) with G = size·k·b; rank r's micro-batch j of that step
+is the b-row slice (j·size + r) of it: the union over ranks and micro-batches is the global
+batch, and the mean of the per-rank means is the global mean.
+"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import keras
+
+import kerasdist as kd
+from kerasdist.optimizers import LAMB, LARS
+
+kd.init()
+RANK, SIZE = kd.rank(), kd.size()
+PER_RANK_BATCH = 4
+STEPS = 6
+FEATURES = 5
+
+
+def global_data(steps, global_batch, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(steps * global_batch, FEATURES)).astype("float32")
+    y = (x @ rng.normal(size=(FEATURES, 1)) + 0.1 * rng.normal(size=(len(x), 1))).astype("float32")
+    return x, y
+
+
+def this_ranks_rows(array, per_rank_batch, passes):
+    """Rank RANK's rows, in the order it trains on them (see the module docstring)."""
+    global_batch = SIZE * passes * per_rank_batch
+    chunks = []
+    for start in range(0, len(array), global_batch):
+        for micro in range(passes):
+            slot = micro * SIZE + RANK
+            chunks.append(array[start + slot * per_rank_batch: start + (slot + 1) * per_rank_batch])
+    return np.concatenate(chunks)
+
+
+def make_model(seed=1):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"),
+                             keras.layers.Dense(1)])
+
+
+OPTIMIZERS = {
+    "sgd_momentum": lambda: keras.optimizers.SGD(0.05, momentum=0.9),
+    "adam": lambda: keras.optimizers.Adam(0.01),
+    "lars": lambda: LARS(0.1, momentum=0.9, weight_decay=1e-4),
+    "lamb": lambda: LAMB(0.01, weight_decay=1e-2),
+}
+
+
+def max_difference(a, b):
+    return max(float(np.abs(p - q).max()) for p, q in zip(a, b))
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+@pytest.mark.parametrize("optimizer_name", sorted(OPTIMIZERS))
+def test_fit_equals_one_process_with_the_global_batch(optimizer_name, passes):
+    x, y = global_data(STEPS, SIZE * passes * PER_RANK_BATCH)
+    reference = make_model()
+    reference.compile(OPTIMIZERS[optimizer_name](), loss="mse")
+    reference_history = reference.fit(x, y, batch_size=SIZE * passes * PER_RANK_BATCH, epochs=2,
+                                      shuffle=False, verbose=0)
+
+    model = make_model()
+    model.compile(kd.DistributedOptimizer(OPTIMIZERS[optimizer_name](), backward_passes_per_step=passes),
+                  loss="mse")
+    history = model.fit(this_ranks_rows(x, PER_RANK_BATCH, passes), this_ranks_rows(y, PER_RANK_BATCH, passes),
+                        batch_size=PER_RANK_BATCH, epochs=2, shuffle=False, verbose=0, callbacks=kd.callbacks())
+
+    assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
+    assert int(model.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy())
+    if passes == 1:  # the running loss is over micro-batches, which a k-step window splits
+        np.testing.assert_allclose(history.history["loss"], reference_history.history["loss"], rtol=1e-5)
+
+
+def test_ranks_that_start_from_different_weights_end_equal_and_follow_rank_0():
+    x, y = global_data(STEPS, SIZE * PER_RANK_BATCH)
+    model = make_model(seed=100 + RANK)  # every rank initialises differently
+    rank0_initial = kd.broadcast_object(model.get_weights(), root_rank=0)
+    reference = make_model()
+    reference.set_weights(rank0_initial)
+    reference.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    reference.fit(x, y, batch_size=SIZE * PER_RANK_BATCH, shuffle=False, verbose=0)
+
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
+              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+
+    every_ranks = kd.allgather_object(model.get_weights())
+    for weights in every_ranks[1:]:
+        assert max_difference(weights, every_ranks[0]) == 0.0
+    assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
+
+
+def test_embedding_gradients_are_gathered_and_equal_the_global_batch():
+    rng = np.random.default_rng(3)
+    global_batch = SIZE * PER_RANK_BATCH
+    ids = rng.integers(0, 20, size=(STEPS * global_batch, 3))
+    y = rng.normal(size=(len(ids), 1)).astype("float32")
+
+    def embedding_model():
+        keras.utils.set_random_seed(5)
+        return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(20, 4),
+                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+
+    reference = embedding_model()
+    reference.compile(keras.optimizers.SGD(0.1), loss="mse")
+    reference.fit(ids, y, batch_size=global_batch, shuffle=False, verbose=0)
+    model = embedding_model()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(this_ranks_rows(ids, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
+              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
+
+
+def test_backward_passes_per_step_can_change_between_epochs():
+    x, y = global_data(8, SIZE * 2 * PER_RANK_BATCH)
+    model = make_model()
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2)
+    model.compile(optimizer, loss="mse")
+    rows_x, rows_y = this_ranks_rows(x, PER_RANK_BATCH, 2), this_ranks_rows(y, PER_RANK_BATCH, 2)
+    model.fit(rows_x, rows_y, batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    assert int(optimizer.iterations.numpy()) == 8
+    optimizer.backward_passes_per_step = 4
+    model.fit(rows_x, rows_y, batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    assert int(optimizer.iterations.numpy()) == 8 + 4  # 16 micro-batches per rank, 4 per update
+
+
+def test_raising_passes_from_one_needs_a_new_train_function():
+    x, y = global_data(4, SIZE * PER_RANK_BATCH)
+    model = make_model()
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    model.compile(optimizer, loss="mse")
+    model.fit(x[:8], y[:8], batch_size=PER_RANK_BATCH, verbose=0, callbacks=kd.callbacks())
+    optimizer.backward_passes_per_step = 2
+    before = model.get_weights()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="make_train_function"):
+        model.fit(x[:8], y[:8], batch_size=PER_RANK_BATCH, verbose=0)
+    assert max_difference(model.get_weights(), before) == 0.0  # the stale step changed nothing
+    model.make_train_function(force=True)
+    model.fit(x[:8], y[:8], batch_size=PER_RANK_BATCH, verbose=0)
+    assert int(optimizer.iterations.numpy()) == 2 + 1
+
+
+def test_gradient_tape_matches_one_process_with_the_global_batch():
+    x, y = global_data(STEPS, SIZE * PER_RANK_BATCH)
+    mse = keras.losses.MeanSquaredError()
+
+    def train(model, xs, ys, batch, wrap):
+        optimizer = keras.optimizers.SGD(0.05, momentum=0.9)
+
+        @tf.function
+        def step(xb, yb):
+            with tf.GradientTape() as tape:
+                loss = mse(yb, model(xb, training=True))
+            tape = wrap(tape)
+            optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+        for start in range(0, len(xs), batch):
+            step(xs[start:start + batch], ys[start:start + batch])
+        return model.get_weights()
+
+    expected = train(make_model(), x, y, SIZE * PER_RANK_BATCH, lambda tape: tape)
+    got = train(make_model(), this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
+                PER_RANK_BATCH, kd.DistributedGradientTape)
+    assert max_difference(got, expected) < 1e-5
+
+
+def test_gradient_tape_sum_and_structure():
+    w = tf.Variable([1.0, 2.0])
+    b = tf.Variable(3.0)
+    with kd.DistributedGradientTape(tf.GradientTape(), op=kd.Sum) as tape:
+        loss = tf.reduce_sum(w * w) * (RANK + 1) + b
+    grads = tape.gradient(loss, {"w": w, "b": b})
+    ranks_sum = SIZE * (SIZE + 1) / 2
+    np.testing.assert_allclose(grads["w"].numpy(), [2.0 * ranks_sum, 4.0 * ranks_sum])
+    assert float(grads["b"]) == SIZE
+
+
+def test_get_config_round_trip():
+    optimizer = kd.DistributedOptimizer(LARS(0.5, momentum=0.8), op=kd.Sum, compression=kd.Compression.fp16,
+                                        backward_passes_per_step=3, sparse_as_dense=True)
+    config = optimizer.get_config()
+    again = kd.DistributedOptimizer.from_config(config)
+    assert again.get_config() == config
+    assert isinstance(again.inner_optimizer, LARS) and again.inner_optimizer.momentum == 0.8
+    assert again.op == kd.Sum and again.compression is kd.Compression.fp16
+    assert again.backward_passes_per_step == 3
+
+
+def test_keras_file_round_trip_keeps_the_optimizer_state(tmp_path):
+    x, y = global_data(4, SIZE * PER_RANK_BATCH)
+    model = make_model()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), backward_passes_per_step=2),
+                  loss="mse")
+    model.fit(x, y, batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    path = tmp_path / f"rank{RANK}.keras"
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded.optimizer, kd.DistributedOptimizer)
+    assert loaded.optimizer.backward_passes_per_step == 2
+    assert len(loaded.optimizer.variables) == len(model.optimizer.variables)
+    for saved, restored in zip(model.optimizer.variables, loaded.optimizer.variables):
+        np.testing.assert_array_equal(saved.numpy(), restored.numpy())
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(op=kd.Max), "Average or kerasdist.Sum"),
+    (dict(compression="zip"), "compression="),
+    (dict(backward_passes_per_step=0), "backward_passes_per_step=0"),
+    (dict(clipnorm=1.0), "set them on the inner optimizer"),
+])
+def test_bad_arguments_are_named(bad, message):
+    with pytest.raises(ValueError, match=message):
+        kd.DistributedOptimizer(keras.optimizers.SGD(0.1), **bad)
+
+
+def test_wrapping_twice_is_refused():
+    with pytest.raises(ValueError, match="already"):
+        kd.DistributedOptimizer(kd.DistributedOptimizer("sgd"))
+
+
+def test_loss_scale_optimizer_inside_sees_the_reduced_gradient():
+    x, y = global_data(STEPS, SIZE * PER_RANK_BATCH)
+    reference = make_model()
+    reference.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    reference.fit(x, y, batch_size=SIZE * PER_RANK_BATCH, shuffle=False, verbose=0)
+    model = make_model()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))),
+                  loss="mse")
+    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
+              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
+
+
+def test_jit_compile_is_turned_off_with_a_warning():
+    x, y = global_data(2, SIZE * PER_RANK_BATCH)
+    model = make_model()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse", jit_compile=True)
+    with pytest.warns(UserWarning, match="jit_compile=False"):
+        model.fit(x, y, batch_size=PER_RANK_BATCH, verbose=0, callbacks=kd.callbacks())
+    assert model.jit_compile is False
+
+
+def test_an_xla_compiled_step_is_refused_with_a_clear_error():
+    w = tf.Variable(1.0)
+
+    @tf.function(jit_compile=True)
+    def step():
+        with kd.DistributedGradientTape(tf.GradientTape()) as tape:
+            loss = w * w
+        return tape.gradient(loss, w)
+
+    with pytest.raises(ValueError, match="jit_compile"):
+        step()
