@@ -30,20 +30,24 @@ $(VENV)/.built: $(VENV)/.editable $(OP_LIBRARY_SOURCES)
 	$(PY) setup.py -q build_ext --inplace
 	touch $@
 
-# Size 1 runs everything (tests/launch spawns its own mpiexec jobs); the collectives suite
-# then runs inside 2 and 3 ranks. Each mpiexec is bounded so a hang fails instead of waiting.
+# Size 1 runs everything (tests/launch spawns its own mpiexec jobs); the collectives and
+# Keras-layer suites then run inside 2 and 3 ranks. Each mpiexec is bounded so a hang fails
+# instead of waiting.
 test: build
 	$(RUN_ENV) $(PY) -m pytest -q tests
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 
-# The main job: two processes train a classifier on scikit-learn's bundled digits.
+# The main job: two processes train a CNN on scikit-learn's bundled digits with model.fit.
 demo: build
-	$(RUN_ENV) timeout 300 $(MPIEXEC) -n 2 $(PY) examples/allreduce_digits.py
+	$(RUN_ENV) timeout 300 $(VENV)/bin/kerasdist-run -np 2 $(PY) examples/keras_digits.py
 
 bench: build
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only=many --fusion_threshold=0
+	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py
 
 clean:
 	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built

@@ -1,0 +1,93 @@
+"""A Keras script made data-parallel with kerasdist: a small CNN on handwritten digits.
+
+The default data are scikit-learn's bundled 8x8 digits (1,797 real scans, no download). The
+lines marked `# kerasdist` are all that differ from a single-process script:
+
+    kerasdist-run -np 2 python examples/keras_digits.py
+    python examples/keras_digits.py                      # one process, same script
+
+`--tfds_name mnist --data_dir DIR` trains on a TensorFlow Datasets set already prepared in DIR
+(nothing is downloaded; `tensorflow-datasets` must be installed).
+"""
+import sys
+
+from absl import app, flags
+
+import keras
+import tensorflow as tf
+
+import kerasdist  # kerasdist
+from kerasdist.models import small_cnn
+
+EPOCHS = flags.DEFINE_integer("epochs", 20, "Passes over the training data.")
+BATCH = flags.DEFINE_integer("batch_size", 32, "Per-rank batch size.")
+LR = flags.DEFINE_float("learning_rate", 0.02, "The single-process learning rate; warmup scales it by the "
+                        "number of processes.")
+WARMUP = flags.DEFINE_float("warmup_epochs", 3, "Epochs over which the learning rate ramps up.")
+SEED = flags.DEFINE_integer("seed", 0, "Seed of the split, the weights and the shuffles.")
+CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", None, "Rank 0 saves a checkpoint here each epoch and a "
+                                     "rerun resumes from the latest one.")
+TFDS_NAME = flags.DEFINE_string("tfds_name", None, "A TensorFlow Datasets name (e.g. mnist) instead of the "
+                                "bundled digits.")
+DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the --tfds_name data set is already prepared.")
+
+
+def bundled_digits(seed):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    images = (digits.images[..., None] / 16.0).astype("float32")
+    x_train, x_test, y_train, y_test = train_test_split(images, digits.target, test_size=0.25,
+                                                        random_state=seed, stratify=digits.target)
+    return (x_train, y_train), (x_test, y_test)
+
+
+def prepared_tfds(name, data_dir):
+    if data_dir is None:
+        sys.exit(f"--tfds_name={name} needs --data_dir: this example never downloads. Prepare the data "
+                 "set where the machine has network access (tfds.builder(name, data_dir=DIR)."
+                 "download_and_prepare()) and pass --data_dir=DIR.")
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        sys.exit("--tfds_name needs the tensorflow-datasets package: pip install tensorflow-datasets")
+    splits = tfds.load(name, data_dir=data_dir, download=False, as_supervised=True, batch_size=-1,
+                       split=["train", "test"])
+    return [(tfds.as_numpy(x).astype("float32") / 255.0, tfds.as_numpy(y)) for x, y in splits]
+
+
+def main(_):
+    kerasdist.init()  # kerasdist
+    if TFDS_NAME.value:
+        (x_train, y_train), (x_test, y_test) = prepared_tfds(TFDS_NAME.value, DATA_DIR.value)
+    else:
+        (x_train, y_train), (x_test, y_test) = bundled_digits(SEED.value)
+
+    # Each rank trains on its own shard, shuffled with its own seed, and evaluates on its own
+    # part of the test set; the metrics are combined exactly.
+    x_train, y_train = kerasdist.data.shard((x_train, y_train), batch_size=BATCH.value)  # kerasdist
+    x_test, y_test = kerasdist.data.shard((x_test, y_test))  # kerasdist
+    train = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+             .shuffle(len(x_train), seed=kerasdist.data.seed_for_rank(SEED.value))  # kerasdist
+             .batch(BATCH.value))
+
+    keras.utils.set_random_seed(SEED.value)
+    model = small_cnn(input_shape=x_train.shape[1:], num_classes=10)
+    optimizer = keras.optimizers.SGD(LR.value, momentum=0.9)
+    optimizer = kerasdist.DistributedOptimizer(optimizer)  # kerasdist
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+
+    # With a checkpoint directory, a rerun continues after the last saved epoch.
+    callbacks = kerasdist.callbacks(warmup_epochs=WARMUP.value, checkpoint_dir=CHECKPOINT_DIR.value,  # kerasdist
+                                    resume=CHECKPOINT_DIR.value is not None)
+    model.fit(train, epochs=EPOCHS.value, validation_data=(x_test, y_test), callbacks=callbacks, verbose=2)
+    loss, accuracy = model.evaluate(x_test, y_test, verbose=0)  # exact over every rank's part
+    test_images = sum(kerasdist.allgather_object(len(y_test)))  # kerasdist: every rank calls collectives
+    if kerasdist.rank() == 0:  # kerasdist
+        print(f"{kerasdist.size()} process(es): test accuracy {accuracy:.4f}, test loss {loss:.4f} "
+              f"on {test_images} held-out images")
+
+
+if __name__ == "__main__":
+    app.run(main)

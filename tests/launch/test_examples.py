@@ -1,0 +1,53 @@
+"""The examples as users run them: 2 processes through the launcher, checked for their
+results. examples/keras_digits.py is the main job (`make demo`)."""
+
+import re
+import sys
+
+import pytest
+
+from launch_utils import MPIEXEC, REPO_ROOT, child_env, run_job
+from test_launch import _under_a_launcher
+
+pytestmark = [
+    pytest.mark.skipif(_under_a_launcher(),
+                       reason="launch tests start their own mpiexec; run them from plain pytest"),
+    pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to the Python: {MPIEXEC}"),
+]
+EXAMPLE_TIMEOUT_S = 240
+
+
+def launch(example, *flags, n=2, tmp_path):
+    argv = [sys.executable, "-m", "kerasdist.run", "-np", str(n), sys.executable,
+            REPO_ROOT / "examples" / example, *flags]
+    return run_job(argv, tmp_path, child_env(), timeout=EXAMPLE_TIMEOUT_S, script_name=example)
+
+
+def test_keras_digits_reaches_95_percent_printed_once(tmp_path):
+    job = launch("keras_digits.py", tmp_path=tmp_path)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    results = re.findall(r"^2 process\(es\): test accuracy ([0-9.]+)", job.output, re.MULTILINE)
+    assert len(results) == 1, "expected one result line, from rank 0 only" + job.describe()
+    assert float(results[0]) >= 0.95, job.describe()
+    assert len(re.findall(r"^Epoch 20/20", job.output, re.MULTILINE)) == 1, job.describe()
+
+
+def test_keras_digits_resumes_from_its_checkpoint(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    first = launch("keras_digits.py", "--epochs=3", f"--checkpoint_dir={checkpoints}", tmp_path=tmp_path)
+    assert first.returncode == 0, first.describe()
+    again = launch("keras_digits.py", "--epochs=5", f"--checkpoint_dir={checkpoints}", tmp_path=tmp_path)
+    assert again.returncode == 0, again.describe()
+    assert "Epoch 4/5" in again.output and "Epoch 3/5" not in again.output, again.describe()
+
+
+def test_keras_digits_never_downloads(tmp_path):
+    job = launch("keras_digits.py", "--tfds_name=mnist", n=1, tmp_path=tmp_path)
+    assert job.returncode != 0 and "needs --data_dir" in job.output, job.describe()
+
+
+def test_custom_loop_trains(tmp_path):
+    job = launch("custom_loop.py", tmp_path=tmp_path)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    accuracy = re.findall(r"test accuracy ([0-9.]+)", job.output)
+    assert len(accuracy) == 1 and float(accuracy[0]) >= 0.9, job.describe()
