@@ -18,8 +18,9 @@ _EXPORTS = {
         "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
         "broadcast_variables", "grouped_allreduce", "reducescatter")},
     **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
+    "GradientNoiseScale": "kerasdist.noise_scale",
 }
-_SUBMODULES = ("callbacks", "data", "models", "optimizers", "run")
+_SUBMODULES = ("callbacks", "curvature", "data", "estimator", "models", "optimizers", "run")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -11,6 +11,7 @@ from keras.src.utils import tracking
 from tensorflow.python.ops import control_flow_util
 
 from kerasdist import ops, runtime
+from kerasdist.noise_scale import GradientNoiseScale
 
 _COMPRESSIONS = {"none": ops.Compression.none, "fp16": ops.Compression.fp16, "bf16": ops.Compression.bf16}
 _GRADIENT_OPS = {"average": ops.Average, "sum": ops.Sum}
@@ -52,20 +53,33 @@ def reduce_gradients(grads, op=ops.Average, compression=ops.Compression.none, sp
     `IndexedSlices` (embedding gradients) are gathered, not densified, unless `sparse_as_dense`.
     In a world of one this returns `grads` unchanged and adds no op to the graph.
     """
-    grads = list(grads)
+    return _reduce(grads, op, compression, sparse_as_dense)[0]
+
+
+def _reduce(grads, op, compression, sparse_as_dense, statistics=()):
+    """`reduce_gradients`, plus float32 `statistics` reduced in the same grouped allreduce
+    (uncompressed, so a squared norm cannot overflow float16). Returns (grads, statistics)."""
+    grads, statistics = list(grads), list(statistics)
     if runtime.state().size == 1:
-        return grads
+        return grads, statistics
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     dense_positions = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
+    wire, original_dtypes = zip(*(compression.compress(grads[i]) for i in dense_positions)) if dense_positions \
+        else ((), ())
+    reduced_all = ops.grouped_allreduce(list(wire) + statistics, op=op)
     reduced = list(grads)
-    for i, g in zip(dense_positions, ops.grouped_allreduce([grads[i] for i in dense_positions], op=op,
-                                                           compression=compression)):
-        reduced[i] = g
+    for i, g, dtype in zip(dense_positions, reduced_all, original_dtypes):
+        reduced[i] = compression.decompress(g, dtype)
     for i, g in enumerate(grads):
         if isinstance(g, tf.IndexedSlices):
             reduced[i] = ops.allreduce(g, op=op, compression=compression)
-    return reduced
+    return reduced, reduced_all[len(dense_positions):]
+
+
+def _squared_norm(grads):
+    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(tf.convert_to_tensor(g), tf.float32)))
+                     for g in grads if g is not None])
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
@@ -92,6 +106,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         backward_passes_per_step: micro-batches accumulated per update (default 1).
         sparse_as_dense: reduce embedding (`IndexedSlices`) gradients as dense tensors instead of
             gathering them; better when most rows are touched every step.
+        gradient_noise_scale: a `kerasdist.GradientNoiseScale` to feed from every update; its
+            one scalar rides in the gradients' grouped allreduce.
         name: defaults to `"distributed_" + optimizer.name`.
 
     Example:
@@ -110,7 +126,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     """
 
     def __init__(self, optimizer, op=ops.Average, compression=ops.Compression.none, backward_passes_per_step=1,
-                 sparse_as_dense=False, name=None, **kwargs):
+                 sparse_as_dense=False, gradient_noise_scale=None, name=None, **kwargs):
         optimizer = keras.optimizers.get(optimizer)
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already a kerasdist.DistributedOptimizer; wrap it once")
@@ -124,6 +140,20 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.sparse_as_dense = bool(sparse_as_dense)
         self._initial_backward_passes = _check_backward_passes(backward_passes_per_step)
         self._accumulators = None
+        self._micro_batch_sq_norms = None
+        self.gradient_noise_scale = None
+        if gradient_noise_scale is not None:
+            self.attach_gradient_noise_scale(gradient_noise_scale)
+
+    def attach_gradient_noise_scale(self, gradient_noise_scale):
+        """Feeds a `kerasdist.GradientNoiseScale` from every update (before the first step only)."""
+        if not isinstance(gradient_noise_scale, GradientNoiseScale):
+            raise TypeError(f"gradient_noise_scale={gradient_noise_scale!r}; expected a kerasdist.GradientNoiseScale")
+        if self._op_name != "average":
+            raise ValueError("the gradient noise scale needs op=kerasdist.Average")
+        if self.built:
+            raise ValueError("attach the GradientNoiseScale before the optimizer is built (its first step)")
+        self.gradient_noise_scale = gradient_noise_scale
 
     @property
     def op(self):
@@ -141,6 +171,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._backward_passes = self.add_variable(
             shape=(), dtype="int32", initializer=keras.initializers.Constant(self._initial_backward_passes),
             name="backward_passes_per_step")
+        if self.gradient_noise_scale is not None:
+            self.gradient_noise_scale.build(self)
         super().build(var_list)
         if self._initial_backward_passes > 1:
             self._create_accumulators()
@@ -149,6 +181,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def _create_accumulators(self):
         self._accumulators = [self.add_variable_from_reference(v, name="gradient_sum")
                               for v in self._trainable_variables]
+        if self.gradient_noise_scale is not None:
+            self._micro_batch_sq_norms = self.add_variable(shape=(), dtype="float32", name="micro_batch_sq_norms")
+
+    def _window_variables(self):
+        """The partial sums of the current accumulation window (saved last, see below)."""
+        return (self._accumulators or []) + ([self._micro_batch_sq_norms] if self._micro_batch_sq_norms is not None
+                                             else [])
 
     @property
     def backward_passes_per_step(self):
@@ -218,8 +257,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         else:
             self._accumulate(grads, trainable_variables)
 
-    def _reduce_and_apply(self, grads, trainable_variables):
-        reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
+    def _reduce_and_apply(self, grads, trainable_variables, micro_batch_sq_norm=None):
+        noise = self.gradient_noise_scale
+        if noise is None:
+            self.inner_optimizer.apply(reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense),
+                                       trainable_variables)
+            return
+        if micro_batch_sq_norm is None:
+            micro_batch_sq_norm = _squared_norm(grads)
+        reduced, (mean_micro_batch_sq_norm,) = _reduce(grads, self.op, self.compression, self.sparse_as_dense,
+                                                       statistics=[micro_batch_sq_norm])
+        noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced),
+                     big_over_small=runtime.state().size * self._backward_passes)
         self.inner_optimizer.apply(reduced, trainable_variables)
 
     def _accumulate(self, grads, trainable_variables):
@@ -227,13 +276,18 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         sums = [self._accumulators[self._get_variable_index(v)] for _, v in present]
         for (g, _), total in zip(present, sums):
             total.assign_add(tf.convert_to_tensor(g))
+        if self._micro_batch_sq_norms is not None:
+            self._micro_batch_sq_norms.assign_add(_squared_norm([g for g, _ in present]))
         micro_step = self._micro_step.assign_add(1)
 
         def update():
+            mean_sq_norm = None
+            if self._micro_batch_sq_norms is not None:
+                mean_sq_norm = self._micro_batch_sq_norms / tf.cast(self._backward_passes, tf.float32)
             self._reduce_and_apply([total / tf.cast(self._backward_passes, total.dtype) for total in sums],
-                                   [v for _, v in present])
-            for total in sums:
-                total.assign(tf.zeros_like(total))
+                                   [v for _, v in present], mean_sq_norm)
+            for partial in self._window_variables():
+                partial.assign(tf.zeros_like(partial))
             self._micro_step.assign(0)
 
         tf.cond(micro_step >= self._backward_passes, update, lambda: None)
@@ -252,14 +306,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             for i, variable in enumerate(self._variables):
                 variable.assign(store[str(i)])
             return
-        counters = self._variables[:len(self._variables) - len(self._accumulators or [])]
-        for i, variable in enumerate(counters):
+        window = self._window_variables()
+        for i, variable in enumerate(self._variables[:len(self._variables) - len(window)]):
             if str(i) in store:
                 variable.assign(store[str(i)])
-        if self._accumulators is not None:  # the sums did not come back: start a fresh window
-            for total in self._accumulators:
-                total.assign(tf.zeros_like(total))
-            self._micro_step.assign(0)
+        for partial in window:  # the partial sums did not come back: start a fresh window
+            partial.assign(tf.zeros_like(partial))
+        self._micro_step.assign(0)
 
     def get_config(self):
         return {
@@ -269,13 +322,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "compression": self._compression_name,
             "backward_passes_per_step": self.backward_passes_per_step,
             "sparse_as_dense": self.sparse_as_dense,
+            "gradient_noise_scale": None if self.gradient_noise_scale is None else {
+                "batch_size": self.gradient_noise_scale.batch_size,
+                "ema_decay": self.gradient_noise_scale.ema_decay},
         }
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
-        return cls(inner, **config)
+        noise = config.pop("gradient_noise_scale", None)
+        return cls(inner, gradient_noise_scale=None if noise is None else GradientNoiseScale(**noise), **config)
 
 
 def _check_backward_passes(value):

@@ -13,6 +13,7 @@ import types
 import keras
 
 from kerasdist import runtime
+from kerasdist.callbacks.batch_growth import AdaptiveBatchGrowth
 from kerasdist.callbacks.broadcast import BroadcastGlobalState
 from kerasdist.callbacks.checkpoint import Rank0Checkpoint
 from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
@@ -20,13 +21,13 @@ from kerasdist.callbacks.metric_average import MetricAverage
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
 from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
 
-__all__ = ["BroadcastGlobalState", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage",
+__all__ = ["AdaptiveBatchGrowth", "BroadcastGlobalState", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage",
            "Rank0Checkpoint", "Rank0ProgbarLogger", "TrustRatioLogger", "default_callbacks"]
 
 
 def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scaling="linear", checkpoint_dir=None,
                       resume=False, monitor="val_loss", save_best_only=False, tensorboard_dir=None, csv_path=None,
-                      extra=()):
+                      batch_growth=None, extra=()):
     """The callbacks a distributed `model.fit` needs, in the order they must run.
 
     Always: `BroadcastGlobalState` (everyone starts from `root_rank`'s state), `MetricAverage`
@@ -44,6 +45,8 @@ def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scalin
             latest checkpoint collectively).
         tensorboard_dir: `keras.callbacks.TensorBoard(tensorboard_dir)` on `root_rank`.
         csv_path: `keras.callbacks.CSVLogger(csv_path)` on `root_rank`.
+        batch_growth: an `AdaptiveBatchGrowth`, or a dict of its arguments, e.g.
+            `dict(signal="noise_scale", batch_size=32, max_batch_size=1024)`.
         extra: more callbacks, placed after the metric averaging and before the loggers.
 
     Example:
@@ -59,6 +62,9 @@ def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scalin
         callbacks.append(MetricAverage())
     if warmup_epochs:
         callbacks.append(LearningRateWarmup(warmup_epochs, scaling=scaling))
+    if batch_growth is not None:
+        callbacks.append(batch_growth if isinstance(batch_growth, AdaptiveBatchGrowth)
+                         else AdaptiveBatchGrowth(**batch_growth))
     callbacks.extend(extra)
     if checkpoint_dir is not None:
         callbacks.append(Rank0Checkpoint(checkpoint_dir, resume=resume, monitor=monitor,

@@ -37,6 +37,29 @@ def _velocities(optimizer):
     return [v for v in found if v is not None]
 
 
+def current_learning_rate(optimizer):
+    """The optimizer's rate as a float; a `LearningRateSchedule` object is refused (it cannot be set)."""
+    if isinstance(innermost_optimizer(optimizer)._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
+        raise ValueError("the optimizer's learning rate is a LearningRateSchedule object, which a callback "
+                         "cannot set; give the optimizer a float rate")
+    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+
+
+def set_learning_rate(optimizer, new_lr, momentum_correction=True):
+    """Sets the rate; with `momentum_correction`, rescales SGD-like velocities by new/old rate.
+
+    SGD's velocity holds lr·g terms: rescaling it applies the new rate to the past gradients
+    too, instead of a jump that momentum would smear over many steps (Goyal et al. 2017).
+    """
+    old_lr = current_learning_rate(optimizer)
+    if new_lr == old_lr:
+        return
+    if momentum_correction and old_lr > 0:
+        for velocity in _velocities(optimizer):
+            velocity.assign(velocity * (new_lr / old_lr))
+    optimizer.learning_rate = new_lr
+
+
 class _LearningRateCallback(keras.callbacks.Callback):
     """Sets the learning rate from `initial_lr`, the rate the script asked for on one worker."""
 
@@ -56,19 +79,11 @@ class _LearningRateCallback(keras.callbacks.Callback):
         # Read before a checkpoint restore can overwrite the rate, and only once: a second fit
         # of the same model must not start from the scaled rate.
         if self.initial_lr is None and getattr(model, "optimizer", None) is not None:
-            self.initial_lr = self._current_lr(model.optimizer)
-
-    @staticmethod
-    def _current_lr(optimizer):
-        if isinstance(innermost_optimizer(optimizer)._learning_rate,
-                      keras.optimizers.schedules.LearningRateSchedule):
-            raise ValueError("the optimizer's learning rate is a LearningRateSchedule object, which a "
-                             "callback cannot set; give the optimizer a float rate")
-        return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+            self.initial_lr = current_learning_rate(model.optimizer)
 
     def on_train_begin(self, logs=None):
         if self.initial_lr is None:
-            self.initial_lr = self._current_lr(self.model.optimizer)
+            self.initial_lr = current_learning_rate(self.model.optimizer)
         if self.steps_per_epoch is None:
             self.steps_per_epoch = self.params.get("steps")
         if not self.steps_per_epoch and self._needs_steps_per_epoch():
@@ -83,23 +98,14 @@ class _LearningRateCallback(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         if logs is not None:
-            logs["learning_rate"] = self._current_lr(self.model.optimizer)
+            logs["learning_rate"] = current_learning_rate(self.model.optimizer)
 
     def scaled_lr(self):
         """The single-worker rate times the batch scale (`scaling`)."""
         return self.initial_lr * batch_scale(self.model.optimizer, self.scaling)
 
     def _set_lr(self, new_lr):
-        optimizer = self.model.optimizer
-        old_lr = self._current_lr(optimizer)
-        if new_lr == old_lr:
-            return
-        if self.momentum_correction and old_lr > 0:
-            # SGD's velocity holds lr·g terms: rescale it so the new rate applies to the past
-            # gradients too, instead of a jump that momentum would smear over many steps.
-            for velocity in _velocities(optimizer):
-                velocity.assign(velocity * (new_lr / old_lr))
-        optimizer.learning_rate = new_lr
+        set_learning_rate(self.model.optimizer, new_lr, self.momentum_correction)
         if self.verbose and runtime.state().rank == 0:
             print(f"{type(self).__name__}: epoch {self._epoch}: learning rate {new_lr:.6g}")
 

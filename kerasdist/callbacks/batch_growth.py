@@ -1,0 +1,184 @@
+"""Grow the effective batch while training, from curvature or gradient-noise signals."""
+
+import math
+
+import keras
+
+from kerasdist import ops, runtime
+from kerasdist.callbacks.learning_rate import current_learning_rate, set_learning_rate
+from kerasdist.noise_scale import GradientNoiseScale
+
+_SIGNALS = ("curvature", "noise_scale")
+_LR_SCALINGS = ("linear", "sqrt", "none")
+
+
+class AdaptiveBatchGrowth(keras.callbacks.Callback):
+    """Raises the effective batch when the loss landscape says a larger one pays off.
+
+    The effective batch is `batch_size` (per rank) × ranks × k, where k is the wrapped
+    `DistributedOptimizer`'s `backward_passes_per_step`. Growing multiplies k by
+    `growth_factor`: each rank accumulates more micro-batches per update, so optimizer steps
+    per epoch drop by that factor while the data pipeline stays as it is. The learning rate is
+    rescaled by the factor ("linear"), its square root ("sqrt") or not at all ("none").
+
+    Signals, checked every `check_every_epochs` epochs at epoch end:
+
+    - "curvature" (Yao et al. 2018, ABS): the top Hessian eigenvalue λ of the loss on
+      `curvature_data`, by power iteration (`kerasdist.curvature.top_hessian_eigenvalue`, each
+      rank on its own sample, products averaged). The first value is the reference λ_ref; when
+      λ ≤ λ_ref / 2 the batch grows and λ_ref ← λ.
+    - "noise_scale" (McCandlish et al. 2018): B_noise from a `kerasdist.GradientNoiseScale`
+      fed by every update (attached to the optimizer automatically if it has none). The batch
+      grows while the grown batch stays at or below B_noise, the critical batch size.
+
+    After `max_epochs_without_growth` checks without growth it grows anyway; it never exceeds
+    `max_batch_size`. Every rank computes the signal from allreduced values; the decision is
+    then taken from rank 0 so that ranks agree even if a reduction rounded differently.
+    Each check writes `batch_size` (effective, used in the epoch that ended), `learning_rate`
+    and `hessian_top_eigenvalue` or `noise_scale` into the epoch logs (so `CSVLogger` and
+    `TensorBoard` record them) and appends a record to `history`.
+
+    Raising k from 1 creates the optimizer's accumulators; the callback then rebuilds the
+    model's train function (one retrace). Build the optimizer with
+    `backward_passes_per_step >= 2`, or accept that one retrace.
+
+    Args:
+        signal: "noise_scale" (default) or "curvature".
+        batch_size: the per-rank batch size of `fit` (required: Keras does not tell callbacks).
+        growth_factor: integer ≥ 2 by which the batch grows. Defaults to 2.
+        max_batch_size: cap on the effective batch; None for no cap.
+        lr_scaling: "linear" (default), "sqrt" or "none".
+        check_every_epochs: epochs between checks. Defaults to 1.
+        max_epochs_without_growth: grow anyway after this many checks without growth; None to
+            rely on the signal alone.
+        curvature_data: `(x, y)` sample of this rank's data for the curvature signal.
+        loss_fn: loss for the curvature signal; defaults to the compiled loss.
+        hessian_iterations, hessian_tolerance: power-iteration budget.
+        verbose: print each decision on rank 0.
+
+    Example:
+        ```python
+        growth = kerasdist.callbacks.AdaptiveBatchGrowth(signal="noise_scale", batch_size=32,
+                                                         max_batch_size=1024)
+        model.fit(dataset, epochs=30, callbacks=kerasdist.callbacks(extra=[growth]))
+        print(growth.history)
+        ```
+    """
+
+    def __init__(self, signal="noise_scale", batch_size=None, growth_factor=2, max_batch_size=None,
+                 lr_scaling="linear", check_every_epochs=1, max_epochs_without_growth=None, curvature_data=None,
+                 loss_fn=None, hessian_iterations=10, hessian_tolerance=1e-2, verbose=0):
+        super().__init__()
+        if signal not in _SIGNALS:
+            raise ValueError(f"signal={signal!r}; expected one of {_SIGNALS}")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r}: give the per-rank batch size of fit (an int >= 1)")
+        if not isinstance(growth_factor, int) or growth_factor < 2:
+            raise ValueError(f"growth_factor={growth_factor!r} must be an integer >= 2")
+        if lr_scaling not in _LR_SCALINGS:
+            raise ValueError(f"lr_scaling={lr_scaling!r}; expected one of {_LR_SCALINGS}")
+        if signal == "curvature" and curvature_data is None:
+            raise ValueError("signal='curvature' needs curvature_data=(x, y), a sample of this rank's data")
+        if check_every_epochs < 1:
+            raise ValueError(f"check_every_epochs={check_every_epochs!r} must be >= 1")
+        self.signal = signal
+        self.batch_size = batch_size
+        self.growth_factor = growth_factor
+        self.max_batch_size = max_batch_size
+        self.lr_scaling = lr_scaling
+        self.check_every_epochs = check_every_epochs
+        self.max_epochs_without_growth = max_epochs_without_growth
+        self.curvature_data = curvature_data
+        self.loss_fn = loss_fn
+        self.hessian_iterations = hessian_iterations
+        self.hessian_tolerance = hessian_tolerance
+        self.verbose = verbose
+        self.history = []
+        self._reference_eigenvalue = None
+        self._checks_without_growth = 0
+
+    def _optimizer(self):
+        from kerasdist.optimizer import DistributedOptimizer
+
+        optimizer = getattr(self.model, "optimizer", None)
+        if not isinstance(optimizer, DistributedOptimizer):
+            raise ValueError("AdaptiveBatchGrowth grows backward_passes_per_step of a kerasdist.DistributedOptimizer; "
+                             f"the model's optimizer is {type(optimizer).__name__}")
+        return optimizer
+
+    def set_model(self, model):
+        super().set_model(model)
+        if self.signal != "noise_scale":
+            return
+        optimizer = self._optimizer()
+        if optimizer.gradient_noise_scale is None:
+            if optimizer.built:
+                raise ValueError("signal='noise_scale' needs a GradientNoiseScale on the optimizer before its "
+                                 "first step: DistributedOptimizer(..., gradient_noise_scale="
+                                 "kerasdist.GradientNoiseScale())")
+            optimizer.attach_gradient_noise_scale(GradientNoiseScale())
+        optimizer.gradient_noise_scale.batch_size = self.batch_size
+
+    def effective_batch_size(self):
+        """Per-rank batch × ranks × accumulated micro-batches."""
+        return self.batch_size * runtime.state().size * self._optimizer().backward_passes_per_step
+
+    def _measure(self):
+        if self.signal == "noise_scale":
+            return self._optimizer().gradient_noise_scale.noise_scale()
+        from kerasdist.curvature import top_hessian_eigenvalue
+
+        x, y = self.curvature_data
+        loss_fn = self.loss_fn or keras.losses.get(self.model.loss)
+        return top_hessian_eigenvalue(self.model, loss_fn, x, y, iterations=self.hessian_iterations,
+                                      tolerance=self.hessian_tolerance)
+
+    def _signal_says_grow(self, value, grown_batch):
+        if not math.isfinite(value):
+            return False
+        if self.signal == "noise_scale":
+            return grown_batch <= value
+        if self._reference_eigenvalue is None:
+            self._reference_eigenvalue = value
+            return False
+        return value <= self._reference_eigenvalue / 2
+
+    def on_epoch_end(self, epoch, logs=None):
+        if (epoch + 1) % self.check_every_epochs:
+            return
+        optimizer = self._optimizer()
+        batch = self.effective_batch_size()
+        grown_batch = batch * self.growth_factor
+        value = self._measure()
+        wants = self._signal_says_grow(value, grown_batch)
+        overdue = (self.max_epochs_without_growth is not None
+                   and self._checks_without_growth + 1 >= self.max_epochs_without_growth)
+        capped = self.max_batch_size is not None and grown_batch > self.max_batch_size
+        grow = ops.broadcast_object((wants or overdue) and not capped, root_rank=0)
+        learning_rate = current_learning_rate(optimizer)
+        record = {"epoch": epoch, "batch_size": batch, "learning_rate": learning_rate,
+                  self._log_key(): value, "grew": grow}
+        self.history.append(record)
+        if logs is not None:
+            logs.update({"batch_size": batch, "learning_rate": learning_rate, self._log_key(): value})
+        if grow:
+            self._grow(optimizer)
+            if self.signal == "curvature":
+                self._reference_eigenvalue = value
+            self._checks_without_growth = 0
+        else:
+            self._checks_without_growth += 1
+        if self.verbose and runtime.state().rank == 0:
+            outcome = f"grew to {self.effective_batch_size()}" if grow else "kept"
+            print(f"AdaptiveBatchGrowth: epoch {epoch + 1}: {self._log_key()}={value:.4g}, batch {batch} {outcome}")
+
+    def _log_key(self):
+        return "noise_scale" if self.signal == "noise_scale" else "hessian_top_eigenvalue"
+
+    def _grow(self, optimizer):
+        needs_retrace = optimizer.backward_passes_per_step == 1
+        optimizer.backward_passes_per_step = optimizer.backward_passes_per_step * self.growth_factor
+        rate_factor = {"linear": self.growth_factor, "sqrt": math.sqrt(self.growth_factor), "none": 1.0}
+        set_learning_rate(optimizer, current_learning_rate(optimizer) * rate_factor[self.lr_scaling])
+        if needs_retrace:
+            self.model.make_train_function(force=True)

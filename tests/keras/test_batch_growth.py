@@ -1,0 +1,139 @@
+"""GradientNoiseScale against a closed form, and AdaptiveBatchGrowth's decisions.
+
+Linear regression with x ~ N(0, I_d), y = x·w* + ε (ε ~ N(0, σ²)), the model held at
+w = w* + δ (learning rate 0) and loss (x·w − y)²: the per-sample gradient is
+g = 2x(x·δ − ε), so G = 2δ and, by Isserlis' theorem,
+E[g gᵀ] = 4(|δ|² I + 2δδᵀ + σ² I). Hence |G|² = 4|δ|², tr Σ = 4((d+1)|δ|² + dσ²) and
+B_noise = tr Σ / |G|² = (d+1) + dσ²/|δ|².
+"""
+
+import math
+
+import numpy as np
+import pytest
+import keras
+
+import kerasdist as kd
+from kerasdist.callbacks import AdaptiveBatchGrowth
+
+kd.init()
+RANK, SIZE = kd.rank(), kd.size()
+DIMENSIONS = 10
+NOISE_VARIANCE = 3.0
+TRUE_NOISE_SCALE = (DIMENSIONS + 1) + DIMENSIONS * NOISE_VARIANCE  # |δ| = 1: 41
+TRUE_GRADIENT_SQ = 4.0
+TRUE_TRACE = 4.0 * ((DIMENSIONS + 1) + DIMENSIONS * NOISE_VARIANCE)
+
+
+def regression_data(rows, seed):
+    rng = np.random.default_rng([seed, RANK])  # every rank draws its own samples
+    x = rng.normal(size=(rows, DIMENSIONS)).astype("float32")
+    y = (x @ np.ones((DIMENSIONS, 1)) + rng.normal(scale=math.sqrt(NOISE_VARIANCE), size=(rows, 1)))
+    return x, y.astype("float32")
+
+
+def model_off_the_optimum(optimizer):
+    """w = w* + δ with w* = 1 and |δ| = 1; a zero learning rate keeps it there."""
+    model = keras.Sequential([keras.Input((DIMENSIONS,)), keras.layers.Dense(1, use_bias=False)])
+    delta = np.zeros((DIMENSIONS, 1), "float32")
+    delta[0] = 1.0
+    model.set_weights([np.ones((DIMENSIONS, 1), "float32") + delta])
+    model.compile(optimizer, loss="mse")
+    return model
+
+
+def passes_for_four_small_batches():
+    """Micro-batches per update so that the big batch is several small ones on any world size."""
+    return 4 if SIZE == 1 else 2
+
+
+def test_noise_scale_converges_to_the_closed_form():
+    batch = 32
+    noise = kd.GradientNoiseScale(batch_size=batch, ema_decay=0.995)
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.0), gradient_noise_scale=noise,
+                                        backward_passes_per_step=passes_for_four_small_batches())
+    model = model_off_the_optimum(optimizer)
+    x, y = regression_data(batch * 3000, seed=1)
+    model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    assert noise.updates == 3000 // passes_for_four_small_batches()
+    assert noise.noise_scale() == pytest.approx(TRUE_NOISE_SCALE, rel=0.10)
+    assert noise.gradient_sq_norm() == pytest.approx(TRUE_GRADIENT_SQ, rel=0.10)
+    assert noise.trace_covariance() == pytest.approx(TRUE_TRACE, rel=0.10)
+    assert kd.allgather_object(noise.noise_scale()) == [noise.noise_scale()] * SIZE
+
+
+def test_one_process_without_micro_batches_has_no_estimate():
+    noise = kd.GradientNoiseScale(batch_size=8)
+    model = model_off_the_optimum(kd.DistributedOptimizer(keras.optimizers.SGD(0.0), gradient_noise_scale=noise))
+    x, y = regression_data(64, seed=2)
+    model.fit(x, y, batch_size=8, verbose=0, callbacks=kd.callbacks())
+    if SIZE == 1:
+        assert noise.updates == 0 and math.isnan(noise.noise_scale())
+    else:
+        assert noise.updates == 8
+
+
+def growth_run(epochs, **growth_arguments):
+    """Trains at lr 0 (B_noise stays 41), starting from an effective batch of 8 (6 on 3 ranks)."""
+    per_rank_batch = {1: 4, 2: 2}.get(SIZE, 2)
+    passes = 2 if SIZE < 3 else 1
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.0), backward_passes_per_step=passes,
+                                        gradient_noise_scale=kd.GradientNoiseScale(ema_decay=0.99))
+    model = model_off_the_optimum(optimizer)
+    x, y = regression_data(per_rank_batch * 1024, seed=3)
+    growth = AdaptiveBatchGrowth(batch_size=per_rank_batch, **growth_arguments)
+    updates_per_epoch = []
+
+    class CountUpdates(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = int(optimizer.iterations.numpy())
+
+        def on_epoch_end(self, epoch, logs=None):
+            updates_per_epoch.append(int(optimizer.iterations.numpy()) - self.start)
+
+    history = model.fit(x, y, batch_size=per_rank_batch, epochs=epochs, shuffle=False, verbose=0,
+                        callbacks=kd.callbacks(batch_growth=growth, extra=[CountUpdates()]))
+    return growth, history, updates_per_epoch
+
+
+def test_noise_scale_growth_stops_below_the_critical_batch():
+    growth, history, updates_per_epoch = growth_run(epochs=5, signal="noise_scale")
+    batches = [record["batch_size"] for record in growth.history]
+    if SIZE < 3:
+        assert batches == [8, 16, 32, 32, 32]  # 64 > 41: stop
+    else:
+        assert batches == [6, 12, 24, 24, 24]  # 48 > 41: stop
+    assert history.history["batch_size"] == batches
+    assert history.history["noise_scale"][-1] == pytest.approx(TRUE_NOISE_SCALE, rel=0.15)
+    # the samples per epoch stay; updates per epoch drop as the batch grows
+    assert [u * b for u, b in zip(updates_per_epoch, batches)] == [updates_per_epoch[0] * batches[0]] * 5
+    assert kd.allgather_object(growth.history) == [growth.history] * SIZE
+
+
+@pytest.mark.parametrize("lr_scaling, factor", [("linear", 2.0), ("sqrt", math.sqrt(2.0)), ("none", 1.0)])
+def test_learning_rate_follows_the_rule_and_the_cap_holds(lr_scaling, factor):
+    per_rank_batch = 4
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.001, momentum=0.5))
+    model = model_off_the_optimum(optimizer)
+    x, y = regression_data(per_rank_batch * 16, seed=4)
+    start = per_rank_batch * SIZE
+    growth = AdaptiveBatchGrowth(signal="noise_scale", batch_size=per_rank_batch, lr_scaling=lr_scaling,
+                                 max_epochs_without_growth=1, max_batch_size=start * 4)
+    model.fit(x, y, batch_size=per_rank_batch, epochs=4, verbose=0, callbacks=kd.callbacks(batch_growth=growth))
+    assert [r["batch_size"] for r in growth.history] == [start, start * 2, start * 4, start * 4]
+    assert [r["grew"] for r in growth.history] == [True, True, False, False]
+    rates = [r["learning_rate"] for r in growth.history]
+    np.testing.assert_allclose(rates, [0.001, 0.001 * factor, 0.001 * factor ** 2, 0.001 * factor ** 2],
+                               rtol=1e-6)
+    assert optimizer.backward_passes_per_step == 4  # raised from 1: the train function was rebuilt
+
+
+def test_bad_growth_arguments_are_named():
+    with pytest.raises(ValueError, match="batch_size="):
+        AdaptiveBatchGrowth()
+    with pytest.raises(ValueError, match="growth_factor="):
+        AdaptiveBatchGrowth(batch_size=4, growth_factor=1.5)
+    with pytest.raises(ValueError, match="curvature_data"):
+        AdaptiveBatchGrowth(signal="curvature", batch_size=4)
+    with pytest.raises(ValueError, match="signal="):
+        AdaptiveBatchGrowth(signal="loss", batch_size=4)
