@@ -2,6 +2,7 @@
 
 import keras
 
+from kerasdist import data, runtime
 from kerasdist.callbacks import training_state
 
 
@@ -15,7 +16,9 @@ class BroadcastGlobalState(keras.callbacks.Callback):
     broadcast then: it is broadcast after the first step instead, so the first update starts
     from per-rank weights and every later one from rank 0's.
 
-    Dropout seed states stay per rank (see `training_state_variables`). A model compiled with
+    It also checks that every rank will run the same number of steps per epoch (when Keras
+    knows the number) and raises the same `ValueError` on every rank if not. Dropout seed
+    states stay per rank (see `training_state_variables`). A model compiled with
     `jit_compile=True` is switched to `False` with a warning: kerasdist's ops do not run under XLA.
 
     Args:
@@ -39,6 +42,10 @@ class BroadcastGlobalState(keras.callbacks.Callback):
         training_state.turn_off_xla(model)
 
     def on_train_begin(self, logs=None):
+        if runtime.state().size > 1:
+            # Unequal epochs would pair one rank's last gradient allreduce with another's next
+            # epoch: fail now, on every rank, instead. Unknown lengths (None) cannot be checked.
+            data.check_equal_steps(self.params.get("steps"), what="steps per epoch in fit")
         self._pending = not training_state.build_optimizer(self.model) or not self.model.built
         if not self._pending:
             training_state.broadcast_training_state(self.model, self.root_rank)

@@ -207,3 +207,12 @@ def test_bad_callback_arguments_are_named():
         LearningRateWarmup(scaling="cubic")
     with pytest.raises(ValueError, match="warmup_epochs=0"):
         LearningRateWarmup(warmup_epochs=0)
+
+
+@pytest.mark.skipif(SIZE == 1, reason="needs ranks that disagree")
+def test_unequal_steps_per_epoch_fail_on_every_rank_before_training():
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=16)  # 5 + 3r rows: 3, 4, 6 batches of 2
+    with pytest.raises(ValueError, match="different numbers of steps per epoch in fit"):
+        model.fit(x, y, batch_size=2, verbose=0, callbacks=kd.callbacks())
+    assert kd.allgather_object("after") == ["after"] * SIZE  # every rank got here: no hang
