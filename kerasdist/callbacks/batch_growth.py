@@ -96,6 +96,7 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         self.history = []
         self._reference_eigenvalue = None
         self._checks_without_growth = 0
+        self._power_iteration = None
 
     def _optimizer(self):
         from kerasdist.optimizer import DistributedOptimizer
@@ -126,12 +127,13 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
     def _measure(self):
         if self.signal == "noise_scale":
             return self._optimizer().gradient_noise_scale.noise_scale()
-        from kerasdist.curvature import top_hessian_eigenvalue
+        from kerasdist.curvature import HessianPowerIteration
 
+        if self._power_iteration is None:  # kept: it traces its tf.function once
+            self._power_iteration = HessianPowerIteration(self.model, self.loss_fn or self.model.loss)
         x, y = self.curvature_data
-        loss_fn = self.loss_fn or keras.losses.get(self.model.loss)
-        return top_hessian_eigenvalue(self.model, loss_fn, x, y, iterations=self.hessian_iterations,
-                                      tolerance=self.hessian_tolerance)
+        return self._power_iteration(x, y, iterations=self.hessian_iterations,
+                                     tolerance=self.hessian_tolerance).eigenvalue
 
     def _signal_says_grow(self, value, grown_batch):
         if not math.isfinite(value):

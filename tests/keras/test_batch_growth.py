@@ -137,3 +137,18 @@ def test_bad_growth_arguments_are_named():
         AdaptiveBatchGrowth(signal="curvature", batch_size=4)
     with pytest.raises(ValueError, match="signal="):
         AdaptiveBatchGrowth(signal="loss", batch_size=4)
+
+
+def test_curvature_growth_measures_the_known_eigenvalue_and_grows_when_overdue():
+    # Linear regression's Hessian is (2/n) XᵀX whatever the weights: λ never halves, so the
+    # batch grows only when overdue. Each rank's sample is its own; λ is the union's.
+    x, y = regression_data(64, seed=5)
+    union_x = np.concatenate(kd.allgather_object(x))
+    expected = float(np.linalg.eigvalsh(2.0 / len(union_x) * union_x.T.astype("float64") @ union_x).max())
+    model = model_off_the_optimum(kd.DistributedOptimizer(keras.optimizers.SGD(0.001), backward_passes_per_step=2))
+    growth = AdaptiveBatchGrowth(signal="curvature", batch_size=4, curvature_data=(x, y), max_epochs_without_growth=2,
+                                 hessian_iterations=50, hessian_tolerance=1e-6)
+    history = model.fit(x, y, batch_size=4, epochs=4, verbose=0, callbacks=kd.callbacks(batch_growth=growth))
+    np.testing.assert_allclose(history.history["hessian_top_eigenvalue"], [expected] * 4, rtol=1e-3)
+    assert [r["grew"] for r in growth.history] == [False, True, False, True]
+    assert model.optimizer.backward_passes_per_step == 8
