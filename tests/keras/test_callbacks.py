@@ -216,3 +216,16 @@ def test_unequal_steps_per_epoch_fail_on_every_rank_before_training():
     with pytest.raises(ValueError, match="different numbers of steps per epoch in fit"):
         model.fit(x, y, batch_size=2, verbose=0, callbacks=kd.callbacks())
     assert kd.allgather_object("after") == ["after"] * SIZE  # every rank got here: no hang
+
+
+def test_tensorboard_and_csv_logs_are_written_by_the_root_rank_only(tmp_path):
+    per_rank = tmp_path / f"rank{RANK}"  # each rank's own directory: only rank 0's may fill
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=17)
+    model.fit(x[:4], y[:4], batch_size=2, epochs=2, verbose=0,
+              callbacks=kd.callbacks(tensorboard_dir=per_rank / "tb", csv_path=per_rank / "log.csv"))
+    if RANK == 0:
+        assert list((per_rank / "tb" / "train").glob("events.out.tfevents.*"))
+        assert (per_rank / "log.csv").read_text().count("\n") == 3  # header + 2 epochs
+    else:
+        assert not per_rank.exists()
