@@ -127,6 +127,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     def __init__(self, optimizer, op=ops.Average, compression=ops.Compression.none, backward_passes_per_step=1,
                  sparse_as_dense=False, gradient_noise_scale=None, name=None, **kwargs):
+        runtime.init()  # here, not at the first apply(): that runs inside a traced function
         optimizer = keras.optimizers.get(optimizer)
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already a kerasdist.DistributedOptimizer; wrap it once")
@@ -362,6 +363,7 @@ class DistributedGradientTape:
     """
 
     def __init__(self, tape, op=ops.Average, compression=ops.Compression.none, sparse_as_dense=False):
+        runtime.init()
         self._tape = tape
         self._op = _GRADIENT_OPS[_gradient_op_name(op)]
         self._compression = _COMPRESSIONS[_compression_name(compression)]
