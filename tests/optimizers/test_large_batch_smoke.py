@@ -1,0 +1,58 @@
+"""`benchmarks/large_batch.py --quick` runs end to end and reports every method (not the science)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "benchmarks", "large_batch.py")
+METHODS = ("sgd_small", "sgd_scaled", "sgd_scaled_warmup", "lars", "lamb")
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("large_batch")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--out_dir", str(out_dir)],
+                          capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(out_dir / "large_batch.json") as f:
+        return proc.stdout, json.load(f), out_dir
+
+
+def test_quick_run_reports_every_method_in_the_json(quick_run):
+    _, report, _ = quick_run
+    assert set(report["results"]) == set(METHODS)
+
+
+def test_quick_run_accuracies_are_fractions(quick_run):
+    _, report, _ = quick_run
+    for method, result in report["results"].items():
+        values = [result[f"test_acc{kind}_{stat}"] for kind in ("", "_bn_recomputed")
+                  for stat in ("median", "min", "max")]
+        values += [t["val_acc"] for t in result["tuning"]]
+        for run in result["runs"]:
+            values += run["curves"]["test_acc"] + run["curves"]["val_acc"]
+        assert all(0.0 <= v <= 1.0 for v in values), (method, values)
+
+
+def test_quick_run_chooses_a_rate_from_each_grid(quick_run):
+    _, report, _ = quick_run
+    for result in report["results"].values():
+        assert result["chosen_rate"] in result["grid"]
+
+
+def test_quick_run_prints_a_table_row_per_method(quick_run):
+    stdout, report, _ = quick_run
+    table = stdout[stdout.index("| method | batch |"):]
+    for result in report["results"].values():
+        assert f"| {result['label']} |" in table
+
+
+def test_quick_run_saves_the_plot_when_matplotlib_is_installed(quick_run):
+    pytest.importorskip("matplotlib")
+    _, _, out_dir = quick_run
+    assert (out_dir / "large_batch.png").stat().st_size > 0
