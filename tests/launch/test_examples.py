@@ -1,6 +1,7 @@
 """The examples as users run them: 2 processes through the launcher, checked for their
 results. examples/keras_digits.py is the main job (`make demo`)."""
 
+import json
 import re
 import sys
 
@@ -51,3 +52,13 @@ def test_custom_loop_trains(tmp_path):
     assert job.returncode == 0 and not job.timed_out, job.describe()
     accuracy = re.findall(r"test accuracy ([0-9.]+)", job.output)
     assert len(accuracy) == 1 and float(accuracy[0]) >= 0.9, job.describe()
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_synthetic_benchmark_reports_its_throughput(tmp_path, ranks):
+    job = launch("keras_synthetic_benchmark.py", "--num_warmup_batches=2", "--num_batches_per_iter=2",
+                 "--num_iters=2", "--batch_size=8", n=ranks, tmp_path=tmp_path)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    results = [json.loads(line) for line in job.lines_with("RESULT ")]
+    assert len(results) == 1, "one RESULT line, from rank 0" + job.describe()
+    assert results[0]["ranks"] == ranks and results[0]["images_per_second"] > 0, job.describe()

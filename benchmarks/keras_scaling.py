@@ -1,0 +1,247 @@
+"""Keras `model.fit` throughput: plain Keras, kerasdist at 1 rank, kerasdist at 2 ranks.
+
+How to run (one process; it starts the measured ones itself):
+
+  .venv/bin/python benchmarks/keras_scaling.py                # what `make bench` runs, ~6-8 min
+  .venv/bin/python benchmarks/keras_scaling.py --rounds=2 --num_iters=3   # quick look
+
+It prints a table of medians and ratios and writes --json (bench-results/keras_scaling.json).
+
+What is measured
+  Each configuration is one run of examples/keras_synthetic_benchmark.py (a model
+  from kerasdist.models trained with model.fit on one fixed random batch per
+  rank, so input costs nothing), which reports the median over its timed
+  iterations of the images per second of all ranks together:
+    plain          plain Keras, one process (--nouse_kerasdist)
+    kerasdist-1    kerasdist.DistributedOptimizer + kerasdist.callbacks(), one process
+    kerasdist-N    the same under `mpiexec -n --ranks` (default 2)
+    independent-N  N plain-Keras processes at once that never communicate, their
+                   throughputs added: what the machine gives N processes at all
+                   (shared caches, memory bandwidth, other users), the ceiling
+                   for kerasdist-N
+  The configurations take turns, --rounds times, each round starting one
+  configuration later than the previous (plain, kd-1, kd-N, ind-N / kd-1, kd-N,
+  ind-N, plain / ...), so that a slow spell of a shared machine hits all alike.
+
+  size-1 overhead  1 - thr(kerasdist-1) / thr(plain); target <= 3 %.
+  E(N)             thr(kerasdist-N) / (N * thr(1)), with thr(1) from kerasdist-1
+                   and, separately, from plain Keras; target >= 0.9.
+  ceiling E(N)     thr(independent-N) / (N * thr(plain)): E(N) without any
+                   communication. E(N) / ceiling is the part kerasdist keeps.
+  Each ratio is estimated four ways:
+    median     from each configuration's median over the rounds;
+    best run   from each configuration's fastest run: other processes on the
+               machine only ever slow a run down, so the fastest run is the
+               closest to having the cores to oneself;
+    per round  the median over rounds of the ratio within a round;
+    CPU time   from CPU time per step (all threads of a rank's process), which
+               other processes disturb far less than wall time: the work
+               kerasdist adds, including communicating and waiting for peers.
+  CPU/wall     a rank's CPU time over wall time per step: about 1 when each rank
+               had a core to itself; well below 1 when other processes took the
+               cores, and the wall-time figures then understate us.
+
+Threads: every rank runs TensorFlow with --intra_op_threads (1) math threads and
+--inter_op_threads (1) op-scheduling threads (TF_NUM_INTRAOP_THREADS,
+TF_NUM_INTEROP_THREADS, OMP_NUM_THREADS are set for the runs). On a machine with
+N cores, N ranks of one thread against one process of one thread is the fair
+comparison: each rank has a core, as the single process had. kerasdist's engine
+thread is extra; it sleeps while no collective is pending.
+
+Every run is bounded by `timeout` (--run_timeout_s); a failed run stops the
+benchmark with its output and a non-zero exit.
+"""
+
+import datetime
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+from absl import app, flags
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+EXAMPLE = REPO / "examples" / "keras_synthetic_benchmark.py"
+
+MODEL = flags.DEFINE_enum("model", "small_cnn", ["small_cnn", "cifar_resnet20", "resnet50", "mlp"],
+                          "Model from kerasdist.models.")
+BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Images per batch on each rank.")
+RANKS = flags.DEFINE_integer("ranks", 2, "Ranks of the multi-process configuration.")
+ROUNDS = flags.DEFINE_integer("rounds", 5, "Times every configuration runs, in turns.")
+NUM_WARMUP_BATCHES = flags.DEFINE_integer("num_warmup_batches", 10, "Untimed batches per run.")
+NUM_BATCHES_PER_ITER = flags.DEFINE_integer("num_batches_per_iter", 10, "Batches per timed iteration.")
+NUM_ITERS = flags.DEFINE_integer("num_iters", 8, "Timed iterations per run (each run reports their median).")
+INTRA_OP_THREADS = flags.DEFINE_integer("intra_op_threads", 1, "TensorFlow math threads per rank.")
+INTER_OP_THREADS = flags.DEFINE_integer("inter_op_threads", 1, "TensorFlow op-scheduling threads per rank.")
+RUN_TIMEOUT_S = flags.DEFINE_integer("run_timeout_s", 240, "Wall-clock limit of one run.")
+MPIEXEC = flags.DEFINE_string("mpiexec", None, "mpiexec to launch with; default: the one next to this "
+                              "Python (the venv's), else the one on PATH.")
+JSON_PATH = flags.DEFINE_string("json", str(REPO / "bench-results" / "keras_scaling.json"),
+                                "Where to write the runs and the summary.")
+
+PLAIN, KERASDIST_1, KERASDIST_N, INDEPENDENT_N = "plain", "kerasdist-1", "kerasdist-N", "independent-N"
+
+
+def mpiexec_path():
+    if MPIEXEC.value:
+        return MPIEXEC.value
+    beside_python = pathlib.Path(sys.executable).parent / "mpiexec"
+    return str(beside_python) if beside_python.exists() else shutil.which("mpiexec") or "mpiexec"
+
+
+def commands():
+    """Configuration name -> command line, each bounded by `timeout`."""
+    example = [sys.executable, str(EXAMPLE), f"--model={MODEL.value}", f"--batch_size={BATCH_SIZE.value}",
+               f"--num_warmup_batches={NUM_WARMUP_BATCHES.value}",
+               f"--num_batches_per_iter={NUM_BATCHES_PER_ITER.value}", f"--num_iters={NUM_ITERS.value}"]
+    bounded = ["timeout", "--kill-after=10", str(RUN_TIMEOUT_S.value)]
+    n_processes = [mpiexec_path(), "-n", str(RANKS.value)]
+    return {
+        PLAIN: bounded + example + ["--nouse_kerasdist"],
+        KERASDIST_1: bounded + example,
+        KERASDIST_N: bounded + n_processes + example,
+        # Without kerasdist each process is a world of its own and prints its own RESULT.
+        INDEPENDENT_N: bounded + n_processes + example + ["--nouse_kerasdist"],
+    }
+
+
+def thread_environment():
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS=str(INTRA_OP_THREADS.value), TF_NUM_INTRAOP_THREADS=str(INTRA_OP_THREADS.value),
+               TF_NUM_INTEROP_THREADS=str(INTER_OP_THREADS.value), TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+def run_once(name, command, env):
+    """Runs one configuration; returns its throughput, step and CPU times, wall time and load.
+
+    Several RESULT lines (independent processes) add up their throughputs and average their
+    step and CPU times."""
+    load_before = os.getloadavg()[0]
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
+    wall_s = time.perf_counter() - start
+    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not results:
+        reason = "timed out" if done.returncode in (124, 137) else f"exit status {done.returncode}"
+        sys.stderr.write(f"\n{name} failed ({reason}): {' '.join(command)}\n--- stdout\n{done.stdout[-3000:]}"
+                         f"\n--- stderr\n{done.stderr[-3000:]}\n")
+        raise SystemExit(1)
+    return {
+        "configuration": name,
+        "images_per_second": sum(r["images_per_second"] for r in results),
+        "step_ms": statistics.mean(r["step_ms"] for r in results),
+        "cpu_ms_per_step_per_rank": statistics.mean(r["cpu_ms_per_step_per_rank"] for r in results),
+        "wall_s": wall_s, "load_average_1min_before": load_before, "results": results,
+    }
+
+
+def ratios(throughput):
+    """Overhead and scaling efficiencies from a {configuration: images/s of all ranks} mapping."""
+    ranks = RANKS.value
+    return {
+        "size1_overhead": 1 - throughput[KERASDIST_1] / throughput[PLAIN],
+        "efficiency_vs_kerasdist_1": throughput[KERASDIST_N] / (ranks * throughput[KERASDIST_1]),
+        "efficiency_vs_plain": throughput[KERASDIST_N] / (ranks * throughput[PLAIN]),
+        "ceiling_efficiency": throughput[INDEPENDENT_N] / (ranks * throughput[PLAIN]),
+        "efficiency_over_ceiling": throughput[KERASDIST_N] / throughput[INDEPENDENT_N],
+    }
+
+
+def run_rounds(configurations, env):
+    """Every configuration once per round, each round starting one configuration later."""
+    names = list(configurations)
+    runs = []
+    for round_index in range(ROUNDS.value):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            run = {**run_once(name, configurations[name], env), "round": round_index}
+            runs.append(run)
+            print(f"  round {round_index + 1}: {name:<13} {run['images_per_second']:8.1f} img/s  "
+                  f"step {run['step_ms']:6.1f} ms  CPU {run['cpu_ms_per_step_per_rank']:6.1f} ms/step/rank  "
+                  f"(run {run['wall_s']:.0f} s, load {run['load_average_1min_before']:.1f})", flush=True)
+    return runs
+
+
+def summarize(runs, names):
+    """Per-configuration medians and the ratios, estimated four ways (see the module docstring)."""
+    def of(name, key):
+        return [r[key] for r in runs if r["configuration"] == name]
+
+    ranks = {PLAIN: 1, KERASDIST_1: 1, KERASDIST_N: RANKS.value, INDEPENDENT_N: RANKS.value}
+    median = {name: statistics.median(of(name, "images_per_second")) for name in names}
+    best = {name: max(of(name, "images_per_second")) for name in names}
+    step_ms = {name: statistics.median(of(name, "step_ms")) for name in names}
+    cpu_ms = {name: statistics.median(of(name, "cpu_ms_per_step_per_rank")) for name in names}
+    # Images per CPU-second of all ranks together: throughput had every rank a core of its own.
+    per_cpu_second = {name: ranks[name] * BATCH_SIZE.value / (cpu_ms[name] / 1e3) for name in names}
+    per_round = [ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
+                 for i in range(ROUNDS.value)]
+    return {
+        "images_per_second": {"median": median, "best": best,
+                              "worst": {name: min(of(name, "images_per_second")) for name in names}},
+        "step_ms": step_ms,
+        "cpu_ms_per_step_per_rank": cpu_ms,
+        "ratios": {
+            "median": ratios(median),
+            "best run": ratios(best),
+            "per round": {key: statistics.median(r[key] for r in per_round) for key in per_round[0]},
+            "CPU time": ratios(per_cpu_second),
+        },
+    }
+
+
+def print_summary(summary, names):
+    throughput = summary["images_per_second"]
+    print(f"\n{'configuration':<14} {'median img/s':>12} {'best':>8} {'worst':>8} {'step ms':>8} "
+          f"{'CPU ms/step/rank':>17} {'CPU/wall':>9}")
+    for name in names:
+        step_ms, cpu_ms = summary["step_ms"][name], summary["cpu_ms_per_step_per_rank"][name]
+        print(f"{name:<14} {throughput['median'][name]:12.1f} {throughput['best'][name]:8.1f} "
+              f"{throughput['worst'][name]:8.1f} {step_ms:8.1f} {cpu_ms:17.1f} {cpu_ms / step_ms:9.2f}")
+    estimates = summary["ratios"]
+    n = RANKS.value
+    print(f"\n{'':<22}" + "".join(f"{label:>11}" for label in estimates))
+    rows = (("size1_overhead", "size-1 overhead", "{:+.1%}", "target <= 3 %"),
+            ("efficiency_vs_kerasdist_1", f"E({n}) vs kerasdist-1", "{:.3f}", "target >= 0.9"),
+            ("efficiency_vs_plain", f"E({n}) vs plain Keras", "{:.3f}", ""),
+            ("ceiling_efficiency", f"ceiling E({n})", "{:.3f}", "no communication"),
+            ("efficiency_over_ceiling", f"E({n}) / ceiling", "{:.3f}", ""))
+    for key, label, fmt, target in rows:
+        print(f"{label:<22}" + "".join(f"{fmt.format(values[key]):>11}" for values in estimates.values())
+              + f"   {target}")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    configurations = commands()
+    names = list(configurations)
+    print(f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, {INTRA_OP_THREADS.value} intra-op / "
+          f"{INTER_OP_THREADS.value} inter-op TF thread(s) per rank, {os.cpu_count()} CPU(s); "
+          f"{ROUNDS.value} rounds of {', '.join(names)} (N = {RANKS.value}), "
+          f"{NUM_ITERS.value} x {NUM_BATCHES_PER_ITER.value} timed batches per run", flush=True)
+    runs = run_rounds(configurations, thread_environment())
+    summary = summarize(runs, names)
+    print_summary(summary, names)
+
+    setup = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "model": MODEL.value,
+        "batch_size_per_rank": BATCH_SIZE.value, "ranks": RANKS.value, "rounds": ROUNDS.value,
+        "num_warmup_batches": NUM_WARMUP_BATCHES.value, "num_batches_per_iter": NUM_BATCHES_PER_ITER.value,
+        "num_iters": NUM_ITERS.value, "intra_op_threads": INTRA_OP_THREADS.value,
+        "inter_op_threads": INTER_OP_THREADS.value, "cpus": os.cpu_count(),
+        "commands": {name: " ".join(command) for name, command in configurations.items()},
+    }
+    path = pathlib.Path(JSON_PATH.value)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"setup": setup, "summary": summary, "runs": runs}, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)
