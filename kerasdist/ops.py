@@ -194,8 +194,15 @@ def broadcast(tensor, root_rank, name=None):
                                       root_rank=int(root_rank))
 
 
+_PACK_BELOW_BYTES = 64 * 1024
+
+
 def broadcast_variables(variables, root_rank=0):
     """Assigns ``root_rank``'s values to ``variables`` on every rank, in place.
+
+    Small variables (biases, normalisation parameters, optimizer counters: most of a model's
+    variables by count) travel packed, one broadcast per dtype; each large one goes on its own,
+    which avoids copying it into a buffer.
 
     Example:
         >>> import tensorflow as tf, kerasdist
@@ -204,8 +211,18 @@ def broadcast_variables(variables, root_rank=0):
         >>> float(v.numpy())
         0.0
     """
+    small_by_dtype = {}
     for variable in variables:
-        variable.assign(broadcast(variable, root_rank))
+        value = tf.convert_to_tensor(variable)
+        if value.shape.num_elements() * value.dtype.size >= _PACK_BELOW_BYTES:
+            variable.assign(broadcast(value, root_rank))
+        else:
+            small_by_dtype.setdefault(value.dtype, []).append((variable, value))
+    for group in small_by_dtype.values():
+        packed = broadcast(tf.concat([tf.reshape(value, [-1]) for _, value in group], axis=0), root_rank)
+        parts = tf.split(packed, [value.shape.num_elements() for _, value in group])
+        for (variable, value), part in zip(group, parts):
+            variable.assign(tf.reshape(part, value.shape))
 
 
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
