@@ -258,7 +258,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         else:
             self._accumulate(grads, trainable_variables)
 
-    def _reduce_and_apply(self, grads, trainable_variables, micro_batch_sq_norm=None):
+    def _reduce_and_apply(self, grads, trainable_variables, micro_batches=1, micro_batch_sq_norm=None):
         noise = self.gradient_noise_scale
         if noise is None:
             self.inner_optimizer.apply(reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense),
@@ -269,7 +269,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         reduced, (mean_micro_batch_sq_norm,) = _reduce(grads, self.op, self.compression, self.sparse_as_dense,
                                                        statistics=[micro_batch_sq_norm])
         noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced),
-                     big_over_small=runtime.state().size * self._backward_passes)
+                     big_over_small=runtime.state().size * micro_batches)
         self.inner_optimizer.apply(reduced, trainable_variables)
 
     def _accumulate(self, grads, trainable_variables):
@@ -282,11 +282,13 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         micro_step = self._micro_step.assign_add(1)
 
         def update():
+            # Divide by the micro-batches this window really holds: k may have been lowered
+            # in the middle of it.
             mean_sq_norm = None
             if self._micro_batch_sq_norms is not None:
-                mean_sq_norm = self._micro_batch_sq_norms / tf.cast(self._backward_passes, tf.float32)
-            self._reduce_and_apply([total / tf.cast(self._backward_passes, total.dtype) for total in sums],
-                                   [v for _, v in present], mean_sq_norm)
+                mean_sq_norm = self._micro_batch_sq_norms / tf.cast(micro_step, tf.float32)
+            self._reduce_and_apply([total / tf.cast(micro_step, total.dtype) for total in sums],
+                                   [v for _, v in present], micro_step, mean_sq_norm)
             for partial in self._window_variables():
                 partial.assign(tf.zeros_like(partial))
             self._micro_step.assign(0)

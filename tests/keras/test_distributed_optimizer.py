@@ -132,6 +132,17 @@ def test_backward_passes_per_step_can_change_between_epochs():
     assert int(optimizer.iterations.numpy()) == 8 + 4  # 16 micro-batches per rank, 4 per update
 
 
+def test_lowering_passes_inside_a_window_averages_what_it_holds():
+    w = keras.Variable(0.0)
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(1.0), backward_passes_per_step=4)
+    for _ in range(3):
+        optimizer.apply([keras.ops.ones(())], [w])
+    optimizer.backward_passes_per_step = 2
+    optimizer.apply([keras.ops.ones(())], [w])  # 4 micro-batches of gradient 1: one step of 1
+    assert float(w.numpy()) == -1.0
+    assert int(optimizer.iterations.numpy()) == 1
+
+
 def test_raising_passes_from_one_needs_a_new_train_function():
     x, y = global_data(4, SIZE * PER_RANK_BATCH)
     model = make_model()
