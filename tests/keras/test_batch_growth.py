@@ -19,8 +19,8 @@ from kerasdist.callbacks import AdaptiveBatchGrowth
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()
 DIMENSIONS = 10
-NOISE_VARIANCE = 3.0
-TRUE_NOISE_SCALE = (DIMENSIONS + 1) + DIMENSIONS * NOISE_VARIANCE  # |δ| = 1: 41
+NOISE_VARIANCE = 3.4
+TRUE_NOISE_SCALE = (DIMENSIONS + 1) + DIMENSIONS * NOISE_VARIANCE  # |δ| = 1: 45
 TRUE_GRADIENT_SQ = 4.0
 TRUE_TRACE = 4.0 * ((DIMENSIONS + 1) + DIMENSIONS * NOISE_VARIANCE)
 
@@ -74,11 +74,15 @@ def test_one_process_without_micro_batches_has_no_estimate():
 
 
 def growth_run(epochs, **growth_arguments):
-    """Trains at lr 0 (B_noise stays 41), starting from an effective batch of 8 (6 on 3 ranks)."""
-    per_rank_batch = {1: 4, 2: 2}.get(SIZE, 2)
+    """Trains at lr 0 (B_noise stays 45), starting from an effective batch of 8 (15 on 3 ranks).
+
+    45 lies mid-way inside a doubling step (32 < 45 < 64; 30 < 45 < 60): the estimate moves by
+    ±15 % between epochs, so a threshold near it would make the decision a coin toss.
+    """
+    per_rank_batch = {1: 4, 2: 2}.get(SIZE, 5)
     passes = 2 if SIZE < 3 else 1
     optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.0), backward_passes_per_step=passes,
-                                        gradient_noise_scale=kd.GradientNoiseScale(ema_decay=0.99))
+                                        gradient_noise_scale=kd.GradientNoiseScale(ema_decay=0.995))
     model = model_off_the_optimum(optimizer)
     x, y = regression_data(per_rank_batch * 1024, seed=3)
     growth = AdaptiveBatchGrowth(batch_size=per_rank_batch, **growth_arguments)
@@ -100,11 +104,12 @@ def test_noise_scale_growth_stops_below_the_critical_batch():
     growth, history, updates_per_epoch = growth_run(epochs=5, signal="noise_scale")
     batches = [record["batch_size"] for record in growth.history]
     if SIZE < 3:
-        assert batches == [8, 16, 32, 32, 32]  # 64 > 41: stop
+        assert batches == [8, 16, 32, 32, 32]  # 64 > 45: stop
     else:
-        assert batches == [6, 12, 24, 24, 24]  # 48 > 41: stop
+        assert batches == [15, 30, 30, 30, 30]  # 60 > 45: stop
     assert history.history["batch_size"] == batches
-    assert history.history["noise_scale"][-1] == pytest.approx(TRUE_NOISE_SCALE, rel=0.15)
+    # the logged value is the running estimate (its accuracy is tested above, with more updates)
+    assert history.history["noise_scale"][-1] == pytest.approx(TRUE_NOISE_SCALE, rel=0.3)
     # the samples per epoch stay; updates per epoch drop as the batch grows
     assert [u * b for u, b in zip(updates_per_epoch, batches)] == [updates_per_epoch[0] * batches[0]] * 5
     assert kd.allgather_object(growth.history) == [growth.history] * SIZE

@@ -270,3 +270,26 @@ def test_an_xla_compiled_step_is_refused_with_a_clear_error():
 
     with pytest.raises(ValueError, match="jit_compile"):
         step()
+
+
+@pytest.mark.skipif(SIZE > 1, reason="one subprocess is enough; run from plain pytest")
+def test_a_saved_model_loads_without_kerasdist(tmp_path):
+    import subprocess
+    import sys
+
+    model = make_model()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+    model.fit(*global_data(2, 4), batch_size=4, verbose=0)
+    model.save(tmp_path / "model.keras")
+    np.save(tmp_path / "x.npy", global_data(1, 4)[0])
+    np.save(tmp_path / "expected.npy", model.predict(global_data(1, 4)[0], verbose=0))
+    # A fresh Python in which `import kerasdist` fails, as on a machine without it.
+    script = (
+        "import sys; sys.modules['kerasdist'] = None\n"
+        "import keras, numpy as np\n"
+        f"model = keras.saving.load_model({str(tmp_path / 'model.keras')!r}, compile=False)\n"
+        f"got = model.predict(np.load({str(tmp_path / 'x.npy')!r}), verbose=0)\n"
+        f"np.testing.assert_allclose(got, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)\n"
+        "print('LOADED')\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and "LOADED" in result.stdout, result.stderr[-3000:]
