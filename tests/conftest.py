@@ -74,6 +74,26 @@ class _RankOutputGate(io.TextIOBase):
 _gate = None
 
 
+class _PerRankBaseTemp:
+    """Ranks sharing pytest's default temp root prune each other's numbered directories (seen:
+    "error removing .../garbage-..."); with 4 or more ranks one could delete a live one. This
+    must run before pytest's tmp_path plugin reads the option, hence a tryfirst plugin."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config):
+        if SIZE > 1 and config.option.basetemp is None:
+            import getpass
+            import tempfile
+
+            parent = os.path.join(tempfile.gettempdir(), f"kerasdist-pytest-{getpass.getuser()}")
+            os.makedirs(parent, exist_ok=True)  # pytest creates only the last level
+            config.option.basetemp = os.path.join(parent, f"rank{RANK}")
+
+
+def pytest_addoption(parser, pluginmanager):
+    pluginmanager.register(_PerRankBaseTemp(), "kerasdist-per-rank-basetemp")
+
+
 def pytest_report_header(config):
     return f"kerasdist test world (from launcher env): rank {RANK} of {SIZE}"
 
