@@ -272,9 +272,11 @@ def test_signal_to_the_launcher_stops_the_job_and_exits_128_plus_it(tmp_path, si
 
 # ---- knobs reach the ranks; the other entry points ----------------------------------------
 
-_PRINT_KERASDIST_VARIABLES = ("import os; rank = os.environ['PMI_RANK']; "
-                              "[print(f'RANK{rank} {k}={v}') for k, v in sorted(os.environ.items()) "
-                              "if k.startswith('KERASDIST_')]")
+# One write per rank: unbuffered print() writes the text and the newline separately, so two
+# ranks' lines could interleave mid-line (seen in CI).
+_PRINT_KERASDIST_VARIABLES = ("import os, sys; rank = os.environ['PMI_RANK']; "
+                              "sys.stdout.write(''.join(f'RANK{rank} {k}={v}\\n' for k, v in "
+                              "sorted(os.environ.items()) if k.startswith('KERASDIST_')))")
 
 
 def test_knob_flags_reach_every_rank_environment(tmp_path):
