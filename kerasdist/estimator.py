@@ -36,7 +36,7 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 from kerasdist import data, ops, runtime
-from kerasdist.callbacks.checkpoint import _on_root_for_every_rank
+from kerasdist.callbacks.checkpoint import on_root_for_every_rank
 from kerasdist.optimizer import DistributedOptimizer
 
 __all__ = ["EstimatorSpec", "Estimator", "EvalSpec", "InputContext", "ModeKeys", "RunConfig", "TrainSpec",
@@ -554,7 +554,7 @@ class Estimator:
 
     def latest_checkpoint(self):
         """The newest checkpoint in `model_dir` (as rank 0 sees it), or `None`. A collective."""
-        return _on_root_for_every_rank(lambda: tf.train.latest_checkpoint(self.model_dir), ROOT_RANK)
+        return on_root_for_every_rank(lambda: tf.train.latest_checkpoint(self.model_dir), ROOT_RANK)
 
     def export_model(self, path, checkpoint_path=None):
         """Rank 0 saves the model of the newest checkpoint, built in PREDICT mode. A collective.
@@ -575,7 +575,7 @@ class Estimator:
             ValueError: On every rank, when there is no checkpoint or no input was seen yet.
         """
         path = os.fspath(path)
-        _on_root_for_every_rank(lambda: self._export_on_root(path, checkpoint_path), ROOT_RANK)
+        on_root_for_every_rank(lambda: self._export_on_root(path, checkpoint_path), ROOT_RANK)
         return path
 
     # Training
@@ -680,7 +680,7 @@ class Estimator:
     def _restore(self, graph, checkpoint_path, what):
         """Rank 0 loads a checkpoint into `graph`, then every rank takes rank 0's state (also
         when there is no checkpoint: the replicas start equal). A collective."""
-        path = _on_root_for_every_rank(lambda: self._load_on_root(graph, checkpoint_path), ROOT_RANK)
+        path = on_root_for_every_rank(lambda: self._load_on_root(graph, checkpoint_path), ROOT_RANK)
         if self._size > 1:
             ops.broadcast_variables(graph.state_variables, root_rank=ROOT_RANK)
         if self._is_root:

@@ -6,7 +6,9 @@ import keras
 
 from kerasdist import ops, runtime
 from kerasdist.callbacks.learning_rate import current_learning_rate, set_learning_rate
+from kerasdist.curvature import HessianPowerIteration
 from kerasdist.noise_scale import GradientNoiseScale
+from kerasdist.optimizer import DistributedOptimizer
 
 _SIGNALS = ("curvature", "noise_scale")
 _LR_SCALINGS = ("linear", "sqrt", "none")
@@ -99,8 +101,6 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         self._power_iteration = None
 
     def _optimizer(self):
-        from kerasdist.optimizer import DistributedOptimizer
-
         optimizer = getattr(self.model, "optimizer", None)
         if not isinstance(optimizer, DistributedOptimizer):
             raise ValueError("AdaptiveBatchGrowth grows backward_passes_per_step of a kerasdist.DistributedOptimizer; "
@@ -127,8 +127,6 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
     def _measure(self):
         if self.signal == "noise_scale":
             return self._optimizer().gradient_noise_scale.noise_scale()
-        from kerasdist.curvature import HessianPowerIteration
-
         if self._power_iteration is None:  # kept: it traces its tf.function once
             self._power_iteration = HessianPowerIteration(self.model, self.loss_fn or self.model.loss)
         x, y = self.curvature_data

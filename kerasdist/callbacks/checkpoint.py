@@ -127,7 +127,7 @@ class Rank0Checkpoint(MonitorCallback):
         self.verbose = verbose
         self._is_root = world.rank == root_rank
 
-        latest, kept = _on_root_for_every_rank(self._prepare_directory, root_rank)
+        latest, kept = on_root_for_every_rank(self._prepare_directory, root_rank)
         self.resumed_from = latest if resume else None
         self.initial_epoch = latest.epoch if self.resumed_from else 0
         self._kept = kept if self.resumed_from else []
@@ -174,7 +174,7 @@ class Rank0Checkpoint(MonitorCallback):
             raise ValueError("Rank0Checkpoint(resume=True) needs a model that is built when fit() starts; "
                              "give it an input shape (keras.Input or model.build) before fit()")
         path = self.resumed_from.path
-        _on_root_for_every_rank(lambda: self.model.load_weights(path), self.root_rank)
+        on_root_for_every_rank(lambda: self.model.load_weights(path), self.root_rank)
         training_state.broadcast_training_state(self.model, self.root_rank)
         if self._is_root and self.verbose > 0:
             io_utils.print_msg(f"Rank0Checkpoint: resumed from {path} after epoch {self.initial_epoch}")
@@ -284,7 +284,7 @@ def _read_latest(directory):
     return SavedCheckpoint(path, metadata["epoch"], metadata["monitor"], metadata["best"]), state["kept"]
 
 
-def _on_root_for_every_rank(function, root_rank):
+def on_root_for_every_rank(function, root_rank):
     """Runs `function` on `root_rank` only; every rank returns its result, or raises its error."""
     result, failure = None, None
     if runtime.state().rank == root_rank:

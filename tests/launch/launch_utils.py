@@ -15,11 +15,24 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 # The mpiexec that belongs to this Python's environment (pip `mpich` puts it there).
 MPIEXEC = Path(sys.executable).parent / "mpiexec"
 DEFAULT_JOB_TIMEOUT_S = 120
+
+
+def under_a_launcher():
+    """True inside an mpiexec job: launch tests start their own jobs and must not run there."""
+    return int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) > 1
+
+
+SKIP_UNDER_A_LAUNCHER = pytest.mark.skipif(
+    under_a_launcher(), reason="launch tests start their own mpiexec; run them from plain pytest")
+LAUNCH_TEST_MARKS = [SKIP_UNDER_A_LAUNCHER,
+                     pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to the Python: {MPIEXEC}")]
 
 # Variables a launcher sets for its children: a child must not think it is a
 # rank of the job this pytest itself may be part of.

@@ -12,21 +12,14 @@ import os
 import random
 import signal
 
-import pytest
-
-from launch_utils import python_run
+from launch_utils import SKIP_UNDER_A_LAUNCHER, python_run
 
 JOB_TIMEOUT_S = 60
 # (filename, keep_last) per killed run: numbered files with pruning, then one overwritten file.
 KILLED_RUNS = [("epoch{epoch:04d}.keras", 2), ("model.keras", 0), ("epoch{epoch:04d}.keras", 2)]
 
 
-def _under_a_launcher():
-    return int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) > 1
-
-
-pytestmark = pytest.mark.skipif(_under_a_launcher(),
-                                reason="launch tests start their own processes; run them from plain pytest")
+pytestmark = SKIP_UNDER_A_LAUNCHER
 
 
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_loadable(tmp_path):

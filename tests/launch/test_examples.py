@@ -7,14 +7,9 @@ import sys
 
 import pytest
 
-from launch_utils import MPIEXEC, REPO_ROOT, child_env, run_job
-from test_launch import _under_a_launcher
+from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT, child_env, run_job
 
-pytestmark = [
-    pytest.mark.skipif(_under_a_launcher(),
-                       reason="launch tests start their own mpiexec; run them from plain pytest"),
-    pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to the Python: {MPIEXEC}"),
-]
+pytestmark = LAUNCH_TEST_MARKS
 EXAMPLE_TIMEOUT_S = 240
 
 

@@ -3,26 +3,17 @@ and a plain `python` run is a world of one. Each test launches its own job
 (`mpiexec -n 2` from this Python's bin dir, or plain python) with a timeout."""
 
 import json
-import os
 import re
 
 import numpy as np
 import pytest
 
-from launch_utils import DEFAULT_JOB_TIMEOUT_S, MPIEXEC, child_env, mpirun, python_run
+from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, child_env, mpirun, python_run
 
 FAILURE_DEADLINE_S = 30  # from the failure to the end of the whole job
 
 
-def _under_a_launcher():
-    return int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) > 1
-
-
-pytestmark = [
-    pytest.mark.skipif(_under_a_launcher(),
-                       reason="launch tests start their own mpiexec; run them from plain pytest"),
-    pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to the Python: {MPIEXEC}"),
-]
+pytestmark = LAUNCH_TEST_MARKS
 
 
 def _assert_ended_soon_after_failure(job):

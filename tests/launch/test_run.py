@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_utils import DEFAULT_JOB_TIMEOUT_S, MPIEXEC, REPO_ROOT, child_env, run_job
+from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_job
 from kerasdist.run import launcher, mpi
 
 HYDRA_VERSION_TEXT = """HYDRA build details:
@@ -35,15 +35,7 @@ LAUNCHER = [sys.executable, "-m", "kerasdist.run"]
 QUICK_TIMEOUT_S = 60
 
 
-def _under_a_launcher():
-    return int(os.environ.get("PMI_SIZE", os.environ.get("OMPI_COMM_WORLD_SIZE", "1"))) > 1
-
-
-pytestmark = [
-    pytest.mark.skipif(_under_a_launcher(),
-                       reason="launch tests start their own mpiexec; run them from plain pytest"),
-    pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to the Python: {MPIEXEC}"),
-]
+pytestmark = LAUNCH_TEST_MARKS
 
 
 @pytest.fixture
