@@ -20,7 +20,7 @@ _LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 class Knobs:
     """Engine settings, read once from ``KERASDIST_*`` environment variables at ``init()``."""
 
-    fusion_threshold_bytes: int = 64 * 1024 * 1024
+    fusion_threshold_bytes: int = 16 * 1024 * 1024
     cycle_time_ms: float = 0.0
     timeline_path: str = ""
     stall_warning_s: float = 60.0

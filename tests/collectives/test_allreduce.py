@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import kerasdist as kd
+from kerasdist.runtime import Knobs
 from kd_testutil import (FLOAT_DTYPES, MODES, NUMERIC_DTYPES, RANK, REDUCE_OPS,
                          SHAPES, SIZE, as_tensor, check, dtype_id, max_abs,
                          rank_values, reduce_op, reference_reduce, run, shape_id)
@@ -142,6 +143,73 @@ def test_grouped_allreduce_of_one_tensor():
     outs = kd.grouped_allreduce([tf.constant([RANK + 1.0])], op=kd.Sum)
     assert len(outs) == 1
     check(outs[0], [SIZE * (SIZE + 1) / 2], tf.float32)
+
+
+# ----------------------------------------------- fused results are views
+
+# Fused results are views of one buffer that a later cycle reuses once no result
+# views it any more; results that are still alive must never change.
+
+def _step_values(step, i, n):
+    return tf.fill([n], float(step * 100 + i * 10 + RANK))
+
+
+def _step_expected(step, i):
+    return SIZE * (step * 100 + i * 10) + SIZE * (SIZE - 1) / 2
+
+
+def test_results_kept_alive_survive_many_later_fused_allreduces():
+    sizes = [3, 17, 1, 1000]  # odd sizes: each view starts at a padded offset
+    kept = []
+    for step in range(20):  # more steps than the engine keeps buffers
+        kept.append(kd.grouped_allreduce([_step_values(step, i, n) for i, n in enumerate(sizes)],
+                                         op=kd.Sum))
+    for step, outs in enumerate(kept):
+        for i, (out, n) in enumerate(zip(outs, sizes)):
+            np.testing.assert_array_equal(out.numpy(), np.full(n, _step_expected(step, i)))
+
+
+def test_results_dropped_at_once_are_still_right_when_their_buffer_is_reused():
+    @tf.function
+    def step_sum(step):
+        outs = kd.grouped_allreduce([tf.fill([5 + i], step * 100.0 + i * 10 + RANK) for i in range(4)],
+                                    op=kd.Sum)
+        return tf.stack([tf.reduce_sum(o) for o in outs])
+
+    for step in range(10):
+        expected = [(5 + i) * _step_expected(step, i) for i in range(4)]
+        np.testing.assert_array_equal(step_sum(tf.constant(float(step))).numpy(), expected)
+
+
+def test_updating_one_result_leaves_the_others_alone():
+    @tf.function
+    def update_first():
+        a, b = kd.grouped_allreduce([tf.fill([7], 1.0 + RANK), tf.fill([7], 2.0)], op=kd.Sum)
+        # Element-wise ops may write into their input's memory when nothing else reads it.
+        return a * 3.0 + 1.0, b
+
+    a, b = update_first()
+    total = SIZE * (SIZE + 1) / 2
+    np.testing.assert_array_equal(a.numpy(), np.full(7, 3.0 * total + 1.0))
+    np.testing.assert_array_equal(b.numpy(), np.full(7, 2.0 * SIZE))
+
+
+def test_a_variable_assigned_a_fused_result_keeps_its_value():
+    var = tf.Variable(tf.zeros([6]))
+    var.assign(kd.grouped_allreduce([tf.fill([6], 1.0), tf.fill([2], 5.0)], op=kd.Sum)[0])
+    for step in range(8):  # later cycles reuse the buffer the assigned value came from
+        kd.grouped_allreduce([tf.fill([6], float(step)), tf.fill([2], 0.0)], op=kd.Sum)
+    np.testing.assert_array_equal(var.numpy(), np.full(6, float(SIZE)))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_tensor_larger_than_the_fusion_threshold_is_right_in_every_piece(mode):
+    threshold = Knobs.from_environment().fusion_threshold_bytes
+    n = threshold // 4 * 2 + 1001 if threshold else 1 << 20  # two pieces and a ragged end
+    x = tf.range(n, dtype=tf.float32) % 1000 + RANK
+    out = run(mode, lambda t: kd.allreduce(t, op=kd.Average, prescale_factor=2.0), x)
+    expected = 2.0 * (np.arange(n) % 1000 + (SIZE - 1) / 2)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
 
 
 # ------------------------------------------------------ ordering race

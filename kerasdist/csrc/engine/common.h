@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,9 +77,23 @@ struct Response {
   std::vector<int64_t> alltoall_rows;    // alltoall: size x size, [src * size + dst] rows
 };
 
-// Front-end hooks. `allocate` is called from the engine thread once an output's shape is
-// known (allgather, alltoall); `done` is called exactly once.
+// Memory the front end owns, lent to the engine for fused allreduces. The results stay in it
+// and the outputs become views of it, so nothing is copied out.
+class FusionBuffer {
+ public:
+  virtual ~FusionBuffer() = default;
+  virtual char* data() = 0;
+  virtual size_t size() const = 0;
+  // True while an output that views this buffer is still alive: it must not be reused yet.
+  virtual bool InUse() const = 0;
+};
+using FusionBufferFactory = std::function<std::unique_ptr<FusionBuffer>(size_t bytes)>;
+
+// Front-end hooks, called from the engine thread. `allocate` gives an output its own memory
+// once its shape is known (an allreduce output may reuse its input's); `alias` makes an output
+// a view of `bytes` at `offset` in a fusion buffer; `done` is called exactly once.
 using AllocateFn = std::function<Status(int output_index, const Shape& shape, void** data)>;
+using AliasFn = std::function<Status(int output_index, FusionBuffer* buffer, size_t offset, const Shape& shape)>;
 using DoneFn = std::function<void(const Status&)>;
 
 }  // namespace kerasdist

@@ -32,7 +32,7 @@
 namespace kerasdist {
 
 struct EngineOptions {
-  int64_t fusion_threshold_bytes = 64 << 20;  // 0 disables fusion
+  int64_t fusion_threshold_bytes = 16 << 20;  // 0 disables fusion
   double cycle_time_ms = 0.0;                 // coalescing window after work arrives
   double stall_warning_s = 60.0;              // 0 disables warnings
   double stall_timeout_s = 0.0;               // 0: wait forever
@@ -55,9 +55,14 @@ class Engine {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
-  // Hands one request to the engine. On an error return, `done` is not called.
+  // Where fused allreduces get their buffers; the front end sets it once, before Start.
+  void SetFusionBufferFactory(FusionBufferFactory factory) { fusion_buffer_factory_ = std::move(factory); }
+
+  // Hands one request to the engine. On an error return, `done` is not called. `outputs` are
+  // the buffers known before negotiation (broadcast, reducescatter); allreduce outputs come
+  // from `allocate` or `alias` when the request runs.
   Status Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
-                 AllocateFn allocate, DoneFn done);
+                 AllocateFn allocate, AliasFn alias, DoneFn done);
 
  private:
   struct Entry {
@@ -66,6 +71,7 @@ class Engine {
     std::vector<const void*> inputs;
     std::vector<void*> outputs;
     AllocateFn allocate;
+    AliasFn alias;
     DoneFn done;
     Clock::time_point enqueued;
     bool reported = false;  // sent to rank 0 through the slow path
@@ -106,6 +112,10 @@ class Engine {
   void Execute(std::vector<Ready>& ready);
   void RunAllreduces(const std::vector<Ready*>& ready);
   void RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items);
+  void RunAlone(Entry* e, int index);
+  // A free pooled buffer, a new pooled one, or (pool full and busy) one of exactly `bytes`
+  // that `transient` owns. Null if it cannot be allocated.
+  FusionBuffer* FusionBufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient);
   Status RunAllgather(Entry* e, const Response& r);
   Status RunBroadcast(Entry* e);
   Status RunReducescatter(Entry* e);
@@ -140,7 +150,8 @@ class Engine {
   std::deque<int32_t> cache_fifo_;    // rank 0: filled slots, oldest first
   std::vector<int32_t> free_slots_;   // rank 0
   std::map<std::string, Negotiation> table_;  // rank 0
-  std::vector<char> fusion_buffer_;
+  FusionBufferFactory fusion_buffer_factory_;
+  std::vector<std::unique_ptr<FusionBuffer>> fusion_pool_;
   int64_t cycles_done_ = 0;          // negotiations completed, equal on every rank
   bool in_negotiation_ = false;
   std::vector<int64_t> peer_cycle_;  // last reply per rank: the cycle it waits in, or -1 if idle

@@ -57,6 +57,37 @@ Shape ToShape(const TensorShape& shape) {
 
 const void* DataOf(const Tensor& t) { return t.tensor_data().data(); }
 
+TensorShape ToTensorShape(const Shape& shape) {
+  TensorShape out;
+  for (int64_t d : shape) out.AddDim(d);
+  return out;
+}
+
+// A uint8 tensor lent to the engine. Fused allreduce outputs are bitcast slices of it, which
+// hold references to it: it is free again once TensorFlow has dropped all of them.
+class TensorFusionBuffer : public FusionBuffer {
+ public:
+  explicit TensorFusionBuffer(Tensor tensor) : tensor_(std::move(tensor)) {}
+  char* data() override { return const_cast<char*>(tensor_.tensor_data().data()); }
+  size_t size() const override { return tensor_.tensor_data().size(); }
+  bool InUse() const override { return !tensor_.RefCountIsOne(); }
+  const Tensor& tensor() const { return tensor_; }
+
+ private:
+  Tensor tensor_;
+};
+
+std::unique_ptr<FusionBuffer> NewFusionBuffer(size_t bytes) {
+  Tensor tensor(::tensorflow::DT_UINT8, TensorShape({static_cast<int64_t>(bytes)}));
+  if (!tensor.IsInitialized()) return nullptr;
+  return std::make_unique<TensorFusionBuffer>(std::move(tensor));
+}
+
+const bool kFusionBuffersRegistered = [] {
+  Engine::Get().SetFusionBufferFactory(NewFusionBuffer);
+  return true;
+}();
+
 // Shared by every collective kernel: name resolution, request building, completion.
 class CollectiveKernel : public AsyncOpKernel {
  public:
@@ -76,13 +107,25 @@ class CollectiveKernel : public AsyncOpKernel {
       done();
       return;
     }
-    AllocateFn allocate = [ctx](int index, const Shape& shape, void** data) {
-      TensorShape tf_shape;
-      for (int64_t d : shape) tf_shape.AddDim(d);
+    // An allreduce output may take over its input's memory when nothing else reads the input.
+    AllocateFn allocate = [ctx, reuse_input = kind_ == OpKind::kAllreduce](int index, const Shape& shape,
+                                                                           void** data) {
       Tensor* out = nullptr;
-      absl::Status s = ctx->allocate_output(index, tf_shape, &out);
+      absl::Status s = reuse_input ? ctx->forward_input_or_allocate_output({index}, index, ToTensorShape(shape), &out)
+                                   : ctx->allocate_output(index, ToTensorShape(shape), &out);
       if (!s.ok()) return Status::Internal("kerasdist: cannot allocate output: " + std::string(s.message()));
       *data = const_cast<char*>(out->tensor_data().data());
+      return Status::OK();
+    };
+    AliasFn alias = [ctx](int index, FusionBuffer* buffer, size_t offset, const Shape& shape) {
+      const Tensor& whole = static_cast<TensorFusionBuffer*>(buffer)->tensor();
+      const TensorShape tf_shape = ToTensorShape(shape);
+      const ::tensorflow::DataType dtype = ctx->expected_output_dtype(index);
+      const int64_t bytes = tf_shape.num_elements() * ::tensorflow::DataTypeSize(dtype);
+      Tensor view;
+      absl::Status s = view.BitcastFrom(whole.Slice(offset, offset + bytes), dtype, tf_shape);
+      if (!s.ok()) return Status::Internal("kerasdist: cannot view the fusion buffer: " + std::string(s.message()));
+      ctx->set_output(index, view);
       return Status::OK();
     };
     DoneFn on_done = [ctx, done](const Status& s) {
@@ -90,7 +133,7 @@ class CollectiveKernel : public AsyncOpKernel {
       done();
     };
     Status enqueued = Engine::Get().Enqueue(std::move(request), std::move(inputs), std::move(outputs),
-                                            std::move(allocate), std::move(on_done));
+                                            std::move(allocate), std::move(alias), std::move(on_done));
     if (!enqueued.ok()) {
       ctx->SetStatus(ToTf(enqueued));
       done();
@@ -160,9 +203,8 @@ class AllreduceKernel : public ReducingKernel {
     SetReduction(ctx, request);
     for (int i = 0; i < ctx->num_inputs() - kTrailingInputs; ++i) {
       TF_RETURN_IF_ERROR(AddTensor(ctx, i, request, inputs));
-      TF_RETURN_IF_ERROR(OutputLikeInput(ctx, i, outputs));
     }
-    return absl::OkStatus();
+    return absl::OkStatus();  // outputs come when the engine runs it: own memory or a fused view
   }
 };
 

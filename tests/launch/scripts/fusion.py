@@ -17,7 +17,9 @@ rng = np.random.default_rng(2000 + rank)  # values differ per rank
 dtypes = [np.float32, np.float64, np.float16, np.int32]
 inputs = []
 for i in range(48):
-    n = int(sizes[i]) if i % 8 else 20_000  # some above 4 KiB
+    # Some above 4 KiB (split into pieces at a 4 KiB threshold), some above the 256 KiB
+    # past which a tensor is never fused.
+    n = int(sizes[i]) if i % 8 else (20_000 if i % 16 else 100_000)
     dtype = dtypes[i % len(dtypes)]
     if dtype == np.int32:
         inputs.append(rng.integers(-1000, 1000, size=n).astype(dtype))
