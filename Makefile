@@ -45,8 +45,9 @@ demo: build
 	$(RUN_ENV) timeout 300 $(VENV)/bin/kerasdist-run -np 2 $(PY) examples/keras_digits.py
 
 bench: build
-	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py
-	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only=many --fusion_threshold=0
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --json bench-results/allreduce.json
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only many resnet50 \
+	    --fusion_threshold=0 --compare_to bench-results/allreduce.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py
 
 clean:

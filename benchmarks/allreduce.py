@@ -2,27 +2,36 @@
 
 How to run (every rank runs this file; rank 0 prints the tables):
 
-  .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/allreduce.py
+  .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/allreduce.py --json fused.json
 
-  # The fusion threshold is read once, at init, so the unfused baseline of the
-  # 160-tensor case is a second invocation:
-  .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/allreduce.py --only=many
-  .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/allreduce.py --only=many \
-      --fusion_threshold=0
+  # The fusion threshold is read once, at init, so the unfused case is a second
+  # invocation; --compare_to prints fused against unfused:
+  .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/allreduce.py --only many resnet50 \
+      --fusion_threshold=0 --compare_to fused.json
 
 What is measured
   sizes  float32 tensors of 4 KiB .. 64 MiB. Ours: kd.allreduce(op=kd.Sum) in a
-         tf.function that loops N times (tf.range), so Python costs nothing per
-         op; each allreduce depends on the previous one, as in a real step.
-         Raw: comm.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM) on a NumPy array in
-         a Python loop. N is calibrated per side to take about --target_ms.
-         Time per op = slowest rank's time / N, median of --repeats.
-         "ours/raw" = raw time / our time = our bandwidth / raw bandwidth
-         (1.00 is parity, below 1 we are slower). GB/s = bytes / time / 1e9.
+         tf.function that loops (tf.range), each allreduce taking the previous
+         one's result, as in a real step. Raw: comm.Allreduce(MPI.IN_PLACE, buf,
+         op=MPI.SUM) on a NumPy array in a Python loop.
   many   160 float32 tensors of 64 KiB (10 MiB) per step: 160 independent
-         kd.allreduce ops in one tf.function (fused up to the threshold) and one
-         kd.grouped_allreduce, against 160 raw Allreduce calls and one raw
-         Allreduce of a flat 10 MiB buffer.
+         kd.allreduce ops per loop iteration of one tf.function (fused up to the
+         threshold), and one kd.grouped_allreduce of the 160, against 160 raw
+         Allreduce calls and one raw Allreduce of a flat 10 MiB buffer.
+  resnet50  ResNet-50's 214 gradient shapes (97.6 MiB float32) in one
+         kd.grouped_allreduce per step, as DistributedOptimizer reduces them,
+         against the same raw per-tensor and flat cases.
+
+How it is timed
+  Every case runs N times back to back, N calibrated per case so that takes
+  about --target_ms, at least --min_iters; time per op = the slowest rank's
+  time / N. Our time includes what one tf.function call pays once: the call,
+  and a first iteration whose input the caller still holds, so that it cannot
+  reuse the input's memory and allocates (for 64 MiB, page faults worth about
+  20 ms a call here). The cases alternate within every repeat, so a slow spell
+  on this shared machine hits all of them; medians of --repeats. "ours/raw" =
+  raw time / our time (1.00 is parity, below 1 we are slower), with the range
+  of the per-repeat ratios.
 
 TensorFlow runs with one intra-op and one inter-op thread per rank, the way a
 rank per core is deployed on these machines.
@@ -37,25 +46,32 @@ import time
 
 KIB = 1024
 DEFAULT_SIZES_KIB = [4, 64, 1024, 4 * 1024, 16 * 1024, 64 * 1024]
+SECTIONS = ["sizes", "many", "resnet50"]
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes_kib", type=int, nargs="+", default=DEFAULT_SIZES_KIB,
                         help="float32 tensor sizes in KiB (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="timed repeats per measurement; the median is reported")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="timed repeats per case; the median is reported")
     parser.add_argument("--target_ms", type=float, default=250.0,
-                        help="wall time one timed repeat should take (sets N)")
-    parser.add_argument("--max_iters", type=int, default=5000,
-                        help="upper bound on N, the allreduces per timed repeat")
+                        help="wall time of N ops (sets N)")
+    parser.add_argument("--min_iters", type=int, default=16,
+                        help="lower bound on N: spreads a call's one-off costs")
+    parser.add_argument("--max_iters", type=int, default=4000,
+                        help="upper bound on N")
     parser.add_argument("--many_tensors", type=int, default=160)
     parser.add_argument("--many_tensor_kib", type=int, default=64)
-    parser.add_argument("--only", choices=["sizes", "many", "all"], default="all")
+    parser.add_argument("--only", choices=SECTIONS, nargs="+", default=SECTIONS,
+                        help="sections to run (default: all)")
     parser.add_argument("--fusion_threshold", type=int, default=None,
                         help="sets KERASDIST_FUSION_THRESHOLD (bytes; 0 = no fusion) "
                              "before kerasdist starts; default: leave the environment alone")
     parser.add_argument("--json", default=None, help="rank 0 also writes results here")
+    parser.add_argument("--compare_to", default=None,
+                        help="JSON of an earlier run (other fusion threshold): print this "
+                             "run's many-tensor times against it")
     return parser.parse_args()
 
 
@@ -84,34 +100,44 @@ def say(*parts):
         print(*parts, flush=True)
 
 
-def slowest(seconds):
-    """Per-repeat time is the slowest rank's: a collective is done when all are."""
-    return COMM.allreduce(seconds, op=MPI.MAX)
-
-
 def timed(fn, iters):
+    """Seconds for `iters` ops on the slowest rank: a collective is done when all are."""
     COMM.Barrier()
     start = time.perf_counter()
     fn(iters)
-    return slowest(time.perf_counter() - start)
+    return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
 
 
 def calibrate(fn):
-    """Iterations per repeat so one repeat takes about --target_ms (same on all ranks)."""
+    """N so that N ops take about --target_ms (the same N on every rank)."""
     fn(2)  # warm up: tracing, buffer allocation, connection setup
     probe = 1
-    while True:  # grow the probe until it is long enough to time
+    while True:
         seconds = timed(fn, probe)
         if seconds >= 0.02 or probe >= ARGS.max_iters:
             break
         probe *= 4
     iters = int(ARGS.target_ms / 1e3 / max(seconds / probe, 1e-7))
-    return COMM.bcast(min(max(iters, 3), ARGS.max_iters), root=0)
+    return COMM.bcast(min(max(iters, ARGS.min_iters), ARGS.max_iters), root=0)
 
 
-def median_per_op(fn):
-    iters = calibrate(fn)
-    return statistics.median(timed(fn, iters) / iters for _ in range(ARGS.repeats)), iters
+def compare(cases):
+    """Times every case (name -> fn(iters)); the cases alternate within each repeat.
+
+    Returns name -> dict(op_s=median seconds per op, iters=N, samples=per-repeat times)."""
+    iters = {name: calibrate(fn) for name, fn in cases.items()}
+    samples = {name: [] for name in cases}
+    for _ in range(ARGS.repeats):
+        for name, fn in cases.items():
+            samples[name].append(timed(fn, iters[name]) / iters[name])
+    return {name: dict(op_s=statistics.median(samples[name]), iters=iters[name],
+                       samples=samples[name])
+            for name in cases}
+
+
+def ratio_range(raw, ours):
+    ratios = [r / o for r, o in zip(raw["samples"], ours["samples"])]
+    return min(ratios), max(ratios)
 
 
 # ------------------------------------------------------------- sizes
@@ -132,34 +158,35 @@ def check_ours(elems):
 
 def bench_sizes():
     rows = []
-    say(f"\nallreduce float32, {SIZE} ranks: time per op (median of {ARGS.repeats}), "
-        "slowest rank")
-    say(f"{'size':>9} {'raw us':>10} {'ours us':>10} {'ours/raw':>9} "
+    say(f"\nallreduce float32, {SIZE} ranks: time per op, median of {ARGS.repeats} "
+        "(slowest rank; see the docstring for how)")
+    say(f"{'size':>9} {'raw us':>10} {'ours us':>10} {'ours/raw':>9} {'range':>11} "
         f"{'raw GB/s':>9} {'ours GB/s':>10} {'N raw':>6} {'N ours':>7}")
     for kib in ARGS.sizes_kib:
         elems = kib * KIB // 4
         nbytes = elems * 4
         check_ours(elems)
-
         buf = np.zeros(elems, np.float32)
+        x = tf.zeros([elems], tf.float32)  # zeros: the sum never overflows
 
         def raw(iters, buf=buf):
             for _ in range(iters):
                 COMM.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
 
-        x = tf.zeros([elems], tf.float32)  # zeros: the sum never overflows
-
         def ours(iters, x=x):
             chained_allreduce(x, tf.constant(iters, tf.int32))
 
-        raw_s, raw_n = median_per_op(raw)
-        ours_s, ours_n = median_per_op(ours)
-        row = dict(size_bytes=nbytes, raw_s=raw_s, ours_s=ours_s, ratio=raw_s / ours_s,
-                   raw_gbps=nbytes / raw_s / 1e9, ours_gbps=nbytes / ours_s / 1e9,
-                   raw_iters=raw_n, ours_iters=ours_n)
+        result = compare({"raw": raw, "ours": ours})
+        raw_r, ours_r = result["raw"], result["ours"]
+        low, high = ratio_range(raw_r, ours_r)
+        row = dict(size_bytes=nbytes, raw_s=raw_r["op_s"], ours_s=ours_r["op_s"],
+                   ratio=raw_r["op_s"] / ours_r["op_s"], ratio_low=low, ratio_high=high,
+                   raw_gbps=nbytes / raw_r["op_s"] / 1e9, ours_gbps=nbytes / ours_r["op_s"] / 1e9,
+                   raw_iters=raw_r["iters"], ours_iters=ours_r["iters"])
         rows.append(row)
-        say(f"{human(nbytes):>9} {raw_s * 1e6:10.1f} {ours_s * 1e6:10.1f} {row['ratio']:9.2f} "
-            f"{row['raw_gbps']:9.2f} {row['ours_gbps']:10.2f} {raw_n:6d} {ours_n:7d}")
+        say(f"{human(nbytes):>9} {row['raw_s'] * 1e6:10.1f} {row['ours_s'] * 1e6:10.1f} "
+            f"{row['ratio']:9.2f} {low:5.2f}-{high:<5.2f} "
+            f"{row['raw_gbps']:9.2f} {row['ours_gbps']:10.2f} {row['raw_iters']:6d} {row['ours_iters']:7d}")
     return rows
 
 
@@ -169,19 +196,31 @@ def bench_many():
     count, elems = ARGS.many_tensors, ARGS.many_tensor_kib * KIB // 4
     total = count * elems * 4
     threshold = os.environ.get("KERASDIST_FUSION_THRESHOLD", "unset (library default)")
-    tensors = [tf.fill([elems], float(RANK + 1)) for _ in range(count)]
+
+    # The loops live inside tf.function, as a training step's collectives do: calling a
+    # tf.function with 160 tensor arguments from Python costs more than the reduction.
+    @tf.function
+    def separate(steps):
+        xs = [tf.zeros([elems]) for _ in range(count)]
+        for _ in tf.range(steps):
+            xs = [kd.allreduce(x, op=kd.Sum) for x in xs]
+        return xs
 
     @tf.function
-    def separate(*xs):
-        return [kd.allreduce(x, op=kd.Sum) for x in xs]
+    def grouped(steps):
+        xs = [tf.zeros([elems]) for _ in range(count)]
+        for _ in tf.range(steps):
+            xs = kd.grouped_allreduce(xs, op=kd.Sum)
+        return xs
 
     @tf.function
-    def grouped(*xs):
-        return kd.grouped_allreduce(list(xs), op=kd.Sum)
+    def grouped_check():
+        return kd.grouped_allreduce([tf.fill([elems], float(RANK + i)) for i in range(count)],
+                                    op=kd.Sum)
 
-    for outs in (separate(*tensors), grouped(*tensors)):  # check and trace once
-        if not all(np.all(o.numpy() == SIZE * (SIZE + 1) / 2) for o in outs):
-            raise SystemExit(f"rank {RANK}: wrong result in the {count}-tensor step")
+    expected = [SIZE * i + SIZE * (SIZE - 1) / 2 for i in range(count)]
+    if not all(np.all(o.numpy() == e) for o, e in zip(grouped_check(), expected)):
+        raise SystemExit(f"rank {RANK}: wrong result in the {count}-tensor step")
 
     bufs = [np.zeros(elems, np.float32) for _ in range(count)]
     flat = np.zeros(count * elems, np.float32)
@@ -195,27 +234,89 @@ def bench_many():
         for _ in range(steps):
             COMM.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
 
-    def ours_separate(steps):
-        for _ in range(steps):
-            separate(*tensors)
-
-    def ours_grouped(steps):
-        for _ in range(steps):
-            grouped(*tensors)
-
+    cases = {"raw: one Allreduce per tensor": raw_separate,
+             "raw: one flat buffer": raw_flat,
+             f"kerasdist: {count} kd.allreduce per step": lambda n: separate(tf.constant(n)),
+             "kerasdist: kd.grouped_allreduce": lambda n: grouped(tf.constant(n))}
     say(f"\n{count} x {human(elems * 4)} float32 per step ({human(total)}), {SIZE} ranks, "
-        f"KERASDIST_FUSION_THRESHOLD={threshold}: time per step (median of {ARGS.repeats})")
-    results = {}
-    for label, fn in (("raw: one Allreduce per tensor", raw_separate),
-                      ("raw: one flat buffer", raw_flat),
-                      (f"kerasdist: {count} kd.allreduce in one tf.function", ours_separate),
-                      ("kerasdist: kd.grouped_allreduce", ours_grouped)):
-        seconds, steps = median_per_op(fn)
-        results[label] = seconds
-        say(f"  {label:<52} {seconds * 1e3:9.2f} ms  {total / seconds / 1e9:6.2f} GB/s"
-            f"  (N={steps})")
+        f"KERASDIST_FUSION_THRESHOLD={threshold}: time per step, median of {ARGS.repeats}")
+    results = compare(cases)
+    per_tensor = results["raw: one Allreduce per tensor"]["op_s"]
+    for label, r in results.items():
+        say(f"  {label:<44} {r['op_s'] * 1e3:8.2f} ms {total / r['op_s'] / 1e9:6.2f} GB/s"
+            f"  {per_tensor / r['op_s']:5.2f}x raw per tensor")
     return dict(threshold=threshold, tensors=count, tensor_bytes=elems * 4,
-                step_seconds=results)
+                step_seconds={label: r["op_s"] for label, r in results.items()})
+
+
+def bench_tensor_list(title, shapes):
+    """One kd.grouped_allreduce of `shapes` per step against raw MPI per tensor and flat."""
+    total = sum(int(np.prod(shape)) for shape in shapes) * 4
+    threshold = os.environ.get("KERASDIST_FUSION_THRESHOLD", "unset (library default)")
+
+    @tf.function
+    def grouped(steps):
+        xs = [tf.zeros(shape) for shape in shapes]
+        for _ in tf.range(steps):
+            xs = kd.grouped_allreduce(xs, op=kd.Sum)
+        return xs
+
+    @tf.function
+    def grouped_check():
+        return kd.grouped_allreduce([tf.fill(shape, float(RANK + i)) for i, shape in enumerate(shapes)],
+                                    op=kd.Sum)
+
+    for i, out in enumerate(grouped_check()):
+        if not np.all(out.numpy() == SIZE * i + SIZE * (SIZE - 1) / 2):
+            raise SystemExit(f"rank {RANK}: wrong result for tensor {i} of {title}")
+
+    bufs = [np.zeros(shape, np.float32) for shape in shapes]
+    flat = np.zeros(total // 4, np.float32)
+
+    def raw_separate(steps):
+        for _ in range(steps):
+            for b in bufs:
+                COMM.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
+
+    def raw_flat(steps):
+        for _ in range(steps):
+            COMM.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+
+    cases = {"raw: one Allreduce per tensor": raw_separate,
+             "raw: one flat buffer": raw_flat,
+             "kerasdist: kd.grouped_allreduce": lambda n: grouped(tf.constant(n))}
+    say(f"\n{title}: {len(shapes)} float32 tensors, {total / 2**20:.1f} MiB per step, {SIZE} ranks, "
+        f"KERASDIST_FUSION_THRESHOLD={threshold}: time per step, median of {ARGS.repeats}")
+    results = compare(cases)
+    per_tensor = results["raw: one Allreduce per tensor"]["op_s"]
+    for label, r in results.items():
+        say(f"  {label:<44} {r['op_s'] * 1e3:8.2f} ms {total / r['op_s'] / 1e9:6.2f} GB/s"
+            f"  {per_tensor / r['op_s']:5.2f}x raw per tensor")
+    return dict(threshold=threshold, tensors=len(shapes), bytes=total,
+                step_seconds={label: r["op_s"] for label, r in results.items()})
+
+
+def resnet50_gradient_shapes():
+    from kerasdist.models import resnet50
+    return [tuple(v.shape) for v in resnet50(num_classes=1000).trainable_variables]
+
+
+def compare_runs(mine, path):
+    """Fused against unfused: one of the two runs must have KERASDIST_FUSION_THRESHOLD=0."""
+    with open(path) as f:
+        earlier = json.load(f)
+    for section, results in mine.items():
+        other = earlier.get(section)
+        if not isinstance(results, dict) or other is None:
+            continue
+        if "0" not in (results["threshold"], other["threshold"]):
+            raise SystemExit("--compare_to needs one of the two runs at KERASDIST_FUSION_THRESHOLD=0")
+        unfused, fused = (results, other) if results["threshold"] == "0" else (other, results)
+        say(f"\n{section}: fused (KERASDIST_FUSION_THRESHOLD={fused['threshold']}) against "
+            "unfused (0): unfused time / fused time")
+        for label, seconds in fused["step_seconds"].items():
+            note = "  (the same work in both runs: drift between them)" if label.startswith("raw") else ""
+            say(f"  {label:<44} {unfused['step_seconds'][label] / seconds:5.2f}{note}")
 
 
 def human(nbytes):
@@ -229,11 +330,16 @@ def main():
     say(f"kerasdist allreduce benchmark: {SIZE} ranks, MPI: "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, TF {tf.__version__}")
     results = {"ranks": SIZE}
-    if ARGS.only in ("sizes", "all"):
+    if "sizes" in ARGS.only:
         results["sizes"] = bench_sizes()
-    if ARGS.only in ("many", "all"):
+    if "many" in ARGS.only:
         results["many"] = bench_many()
+    if "resnet50" in ARGS.only:
+        results["resnet50"] = bench_tensor_list("ResNet-50 gradients", resnet50_gradient_shapes())
+    if ARGS.compare_to:
+        compare_runs(results, ARGS.compare_to)
     if RANK == 0 and ARGS.json:
+        os.makedirs(os.path.dirname(os.path.abspath(ARGS.json)), exist_ok=True)
         with open(ARGS.json, "w") as f:
             json.dump(results, f, indent=2)
     return 0
