@@ -95,7 +95,8 @@ def make_parser():
                        help="host file in your MPI's own format")
     knobs = parser.add_argument_group("engine knobs (set the KERASDIST_* variable on every rank)")
     knobs.add_argument("--fusion-threshold-mb", type=_non_negative_number, metavar="MB",
-                       help=f"fusion buffer size in MiB; 0 turns fusion off "
+                       help=f"most MiB one MPI call reduces (small tensors are fused up to it, "
+                            f"larger ones split into pieces of it); 0 turns both off "
                             f"(default {defaults.fusion_threshold_bytes // 2**20})")
     knobs.add_argument("--cycle-time-ms", type=_non_negative_number, metavar="MS",
                        help=f"wait this long after new work so more joins one reduction "
