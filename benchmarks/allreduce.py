@@ -192,73 +192,26 @@ def bench_sizes():
 
 # -------------------------------------------------------------- many
 
-def bench_many():
-    count, elems = ARGS.many_tensors, ARGS.many_tensor_kib * KIB // 4
-    total = count * elems * 4
-    threshold = os.environ.get("KERASDIST_FUSION_THRESHOLD", "unset (library default)")
-
-    # The loops live inside tf.function, as a training step's collectives do: calling a
-    # tf.function with 160 tensor arguments from Python costs more than the reduction.
-    @tf.function
-    def separate(steps):
-        xs = [tf.zeros([elems]) for _ in range(count)]
-        for _ in tf.range(steps):
-            xs = [kd.allreduce(x, op=kd.Sum) for x in xs]
-        return xs
-
-    @tf.function
-    def grouped(steps):
-        xs = [tf.zeros([elems]) for _ in range(count)]
-        for _ in tf.range(steps):
-            xs = kd.grouped_allreduce(xs, op=kd.Sum)
-        return xs
-
-    @tf.function
-    def grouped_check():
-        return kd.grouped_allreduce([tf.fill([elems], float(RANK + i)) for i in range(count)],
-                                    op=kd.Sum)
-
-    expected = [SIZE * i + SIZE * (SIZE - 1) / 2 for i in range(count)]
-    if not all(np.all(o.numpy() == e) for o, e in zip(grouped_check(), expected)):
-        raise SystemExit(f"rank {RANK}: wrong result in the {count}-tensor step")
-
-    bufs = [np.zeros(elems, np.float32) for _ in range(count)]
-    flat = np.zeros(count * elems, np.float32)
-
-    def raw_separate(steps):
-        for _ in range(steps):
-            for b in bufs:
-                COMM.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
-
-    def raw_flat(steps):
-        for _ in range(steps):
-            COMM.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-
-    cases = {"raw: one Allreduce per tensor": raw_separate,
-             "raw: one flat buffer": raw_flat,
-             f"kerasdist: {count} kd.allreduce per step": lambda n: separate(tf.constant(n)),
-             "kerasdist: kd.grouped_allreduce": lambda n: grouped(tf.constant(n))}
-    say(f"\n{count} x {human(elems * 4)} float32 per step ({human(total)}), {SIZE} ranks, "
-        f"KERASDIST_FUSION_THRESHOLD={threshold}: time per step, median of {ARGS.repeats}")
-    results = compare(cases)
-    per_tensor = results["raw: one Allreduce per tensor"]["op_s"]
-    for label, r in results.items():
-        say(f"  {label:<44} {r['op_s'] * 1e3:8.2f} ms {total / r['op_s'] / 1e9:6.2f} GB/s"
-            f"  {per_tensor / r['op_s']:5.2f}x raw per tensor")
-    return dict(threshold=threshold, tensors=count, tensor_bytes=elems * 4,
-                step_seconds={label: r["op_s"] for label, r in results.items()})
-
-
-def bench_tensor_list(title, shapes):
-    """One kd.grouped_allreduce of `shapes` per step against raw MPI per tensor and flat."""
+def bench_tensor_list(title, shapes, separate_ops=False):
+    """A step's worth of float32 tensors, reduced by one kd.grouped_allreduce (and, with
+    `separate_ops`, by one kd.allreduce each), against raw MPI per tensor and flat."""
     total = sum(int(np.prod(shape)) for shape in shapes) * 4
     threshold = os.environ.get("KERASDIST_FUSION_THRESHOLD", "unset (library default)")
 
+    # The loops live inside tf.function, as a training step's collectives do: calling a
+    # tf.function with 160 tensor arguments from Python costs more than reducing them.
     @tf.function
     def grouped(steps):
         xs = [tf.zeros(shape) for shape in shapes]
         for _ in tf.range(steps):
             xs = kd.grouped_allreduce(xs, op=kd.Sum)
+        return xs
+
+    @tf.function
+    def separate(steps):
+        xs = [tf.zeros(shape) for shape in shapes]
+        for _ in tf.range(steps):
+            xs = [kd.allreduce(x, op=kd.Sum) for x in xs]
         return xs
 
     @tf.function
@@ -283,9 +236,11 @@ def bench_tensor_list(title, shapes):
             COMM.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
 
     cases = {"raw: one Allreduce per tensor": raw_separate,
-             "raw: one flat buffer": raw_flat,
-             "kerasdist: kd.grouped_allreduce": lambda n: grouped(tf.constant(n))}
-    say(f"\n{title}: {len(shapes)} float32 tensors, {total / 2**20:.1f} MiB per step, {SIZE} ranks, "
+             "raw: one flat buffer": raw_flat}
+    if separate_ops:
+        cases[f"kerasdist: {len(shapes)} kd.allreduce per step"] = lambda n: separate(tf.constant(n))
+    cases["kerasdist: kd.grouped_allreduce"] = lambda n: grouped(tf.constant(n))
+    say(f"\n{title}: {len(shapes)} float32 tensors, {human(total)} per step, {SIZE} ranks, "
         f"KERASDIST_FUSION_THRESHOLD={threshold}: time per step, median of {ARGS.repeats}")
     results = compare(cases)
     per_tensor = results["raw: one Allreduce per tensor"]["op_s"]
@@ -323,7 +278,7 @@ def human(nbytes):
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale} {unit}"
-    return f"{nbytes} B"
+    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
 
 
 def main():
@@ -333,7 +288,9 @@ def main():
     if "sizes" in ARGS.only:
         results["sizes"] = bench_sizes()
     if "many" in ARGS.only:
-        results["many"] = bench_many()
+        results["many"] = bench_tensor_list(
+            f"{ARGS.many_tensors} x {ARGS.many_tensor_kib} KiB",
+            [(ARGS.many_tensor_kib * KIB // 4,)] * ARGS.many_tensors, separate_ops=True)
     if "resnet50" in ARGS.only:
         results["resnet50"] = bench_tensor_list("ResNet-50 gradients", resnet50_gradient_shapes())
     if ARGS.compare_to:
