@@ -91,7 +91,7 @@ using FusionBufferFactory = std::function<std::unique_ptr<FusionBuffer>(size_t b
 
 // Front-end hooks, called from the engine thread. `allocate` gives an output its own memory
 // once its shape is known (an allreduce output may reuse its input's); `alias` makes an output
-// a view of `bytes` at `offset` in a fusion buffer; `done` is called exactly once.
+// a view of a fusion buffer, starting at `offset`; `done` is called exactly once.
 using AllocateFn = std::function<Status(int output_index, const Shape& shape, void** data)>;
 using AliasFn = std::function<Status(int output_index, FusionBuffer* buffer, size_t offset, const Shape& shape)>;
 using DoneFn = std::function<void(const Status&)>;
