@@ -161,7 +161,7 @@ def _step_expected(step, i):
 def test_results_kept_alive_survive_many_later_fused_allreduces():
     sizes = [3, 17, 1, 1000]  # odd sizes: each view starts at a padded offset
     kept = []
-    for step in range(20):  # more steps than the engine keeps buffers
+    for step in range(40):  # more steps than the engine keeps pooled buffers (32)
         kept.append(kd.grouped_allreduce([_step_values(step, i, n) for i, n in enumerate(sizes)],
                                          op=kd.Sum))
     for step, outs in enumerate(kept):
