@@ -107,7 +107,10 @@ def _check_reduce_op(op):
 
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       compression=Compression.none):
-    """Reduces a list of tensors across ranks as one negotiation and fusion unit.
+    """Reduces a list of tensors across ranks as one negotiation unit.
+
+    The tensors are ready together, so the small ones (up to 256 KiB) share fused MPI calls
+    and come back as views of one buffer; larger ones are reduced in their own memory.
 
     Args:
       tensors: tensors of any supported numeric dtype; dtypes and shapes may differ.
