@@ -79,6 +79,12 @@ _counters = {}
 _counters_lock = threading.Lock()
 
 
+# AutoGraph leaves these as written: they hold no tensor-dependent Python control flow, and a
+# first collective inside a tf.function reaches init(), whose mpi4py calls AutoGraph cannot
+# convert and would warn about one by one.
+_not_autographed = tf.autograph.experimental.do_not_convert
+
+
 def _tensor_name(kind, name):
     """The name every rank gives this call; '' lets the kernel use its graph node name."""
     if name:
@@ -105,6 +111,7 @@ def _check_reduce_op(op):
         raise ValueError(f"op must be one of kerasdist.Average, Sum, Min, Max, Product; got {op!r}") from None
 
 
+@_not_autographed
 def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
                       compression=Compression.none):
     """Reduces a list of tensors across ranks as one negotiation unit.
@@ -140,6 +147,7 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
     return [compression.decompress(t, d) for t, d in zip(reduced, originals)]
 
 
+@_not_autographed
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
               compression=Compression.none):
     """Reduces ``tensor`` across ranks; every rank gets the result.
@@ -171,6 +179,7 @@ def _allreduce_indexed_slices(slices, op, name, scale, compression):
     return tf.IndexedSlices(values, indices, dense_shape=slices.dense_shape)
 
 
+@_not_autographed
 def allgather(tensor, name=None):
     """Concatenates every rank's ``tensor`` along dim 0, in rank order.
 
@@ -185,6 +194,7 @@ def allgather(tensor, name=None):
     return _ops().kerasdist_allgather(tf.convert_to_tensor(tensor), tensor_name=_tensor_name("allgather", name))
 
 
+@_not_autographed
 def broadcast(tensor, root_rank, name=None):
     """Every rank receives ``root_rank``'s ``tensor`` (same shape and dtype on all ranks).
 
@@ -200,6 +210,7 @@ def broadcast(tensor, root_rank, name=None):
 _PACK_BELOW_BYTES = 64 * 1024
 
 
+@_not_autographed
 def broadcast_variables(variables, root_rank=0):
     """Assigns ``root_rank``'s values to ``variables`` on every rank, in place.
 
@@ -228,6 +239,7 @@ def broadcast_variables(variables, root_rank=0):
             variable.assign(tf.reshape(part, value.shape))
 
 
+@_not_autographed
 def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
     """Reduces across ranks, then rank r keeps its dim-0 shard of the result.
 
@@ -245,6 +257,7 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
         tensor_name=_tensor_name("reducescatter", name), reduce_op=int(op))
 
 
+@_not_autographed
 def alltoall(tensor, splits=None, name=None):
     """Sends ``splits[j]`` rows of ``tensor`` to rank j; returns the rows received, in rank order.
 
@@ -266,16 +279,19 @@ def _alltoall(tensor, splits, name):
                                      tensor_name=_tensor_name("alltoall", name))
 
 
+@_not_autographed
 def broadcast_object(obj, root_rank=0):
     """Returns ``root_rank``'s picklable ``obj`` on every rank."""
     return runtime.state().comm.bcast(obj, root=root_rank)
 
 
+@_not_autographed
 def allgather_object(obj):
     """Returns the list of every rank's picklable ``obj``, in rank order."""
     return runtime.state().comm.allgather(obj)
 
 
+@_not_autographed
 def barrier():
     """Returns once every rank has called it."""
     runtime.state().comm.Barrier()

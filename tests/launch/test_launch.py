@@ -137,6 +137,14 @@ def test_plain_python_run_is_a_world_of_one(tmp_path):
     assert "SINGLETON_OK" in job.output, job.describe()
 
 
+def test_first_collective_inside_a_tf_function(tmp_path):
+    # AutoGraph used to convert the collectives and init(), warning once per mpi4py method.
+    job = mpirun("first_call_traced.py", cwd=tmp_path)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    assert job.output.count("TRACED_OK") == 2, job.describe()
+    assert "AutoGraph could not transform" not in job.output, job.describe()
+
+
 def test_results_stay_right_while_a_tiny_cache_churns(tmp_path):
     job = mpirun("cache_churn.py", cwd=tmp_path, env=child_env(KERASDIST_CACHE_CAPACITY=2))
     assert not job.timed_out, "job hung" + job.describe()
