@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 
 _LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 
@@ -27,6 +28,7 @@ class Knobs:
     stall_timeout_s: float = 1800.0
     cache_capacity: int = 1024
     log_level: str = "warning"
+    tf_threads: str = "auto"
 
     @classmethod
     def from_environment(cls, environ=None):
@@ -48,6 +50,9 @@ class Knobs:
         log_level = environ.get("KERASDIST_LOG_LEVEL", defaults.log_level).strip().lower()
         if log_level not in _LOG_LEVELS:
             raise ValueError(f"KERASDIST_LOG_LEVEL={log_level!r} must be one of {sorted(_LOG_LEVELS)}")
+        tf_threads = environ.get("KERASDIST_TF_THREADS", "").strip().lower() or defaults.tf_threads
+        if tf_threads not in ("auto", "off"):
+            raise ValueError(f"KERASDIST_TF_THREADS={tf_threads!r} must be 'auto' or 'off'")
         return cls(
             fusion_threshold_bytes=number("KERASDIST_FUSION_THRESHOLD", defaults.fusion_threshold_bytes, int),
             cycle_time_ms=number("KERASDIST_CYCLE_TIME_MS", defaults.cycle_time_ms, float),
@@ -56,6 +61,7 @@ class Knobs:
             stall_timeout_s=number("KERASDIST_STALL_TIMEOUT_S", defaults.stall_timeout_s, float),
             cache_capacity=number("KERASDIST_CACHE_CAPACITY", defaults.cache_capacity, int) or 1,
             log_level=log_level,
+            tf_threads=tf_threads,
         )
 
 
@@ -104,6 +110,11 @@ def init():
     Collectives call it implicitly. Under a launcher every rank must call it (directly or
     through its first collective).
 
+    When several ranks on a host may run on the same CPUs (a launcher that does not bind),
+    it sizes TensorFlow's thread pools to each rank's share of them, unless the user did
+    (``KERASDIST_TF_THREADS``). That works only before TensorFlow runs its first op, so call
+    it first.
+
     Example:
         >>> import kerasdist
         >>> kerasdist.init()
@@ -124,6 +135,9 @@ def init():
         rank, size = world.Get_rank(), world.Get_size()
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(color=local.Get_rank(), key=rank)
+        cpus, sharing = _cpu_share(local)
+        if knobs.tf_threads == "auto" and sharing > 1:
+            _fit_tf_thread_pools(tf, cpus, sharing, warn=local.Get_rank() == 0)
         path = _library_path()
         ops = tf.load_op_library(path)
         engine = ctypes.CDLL(path)
@@ -144,6 +158,43 @@ def init():
         atexit.register(shutdown)
         if size > 1:
             _abort_job_on_uncaught_exception(MPI)
+
+
+def _cpu_share(local):
+    """(CPUs this process may run on, ranks on this host that may run on some of them)."""
+    mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set(range(os.cpu_count() or 1))
+    return len(mine), sum(1 for theirs in local.allgather(mine) if theirs & mine)
+
+
+def _fit_tf_thread_pools(tf, cpus, sharing, warn):
+    """Sizes TensorFlow's intra- and inter-op pools to this rank's share of its CPUs.
+
+    TensorFlow sizes both pools to every CPU the process may run on, so ranks that the
+    launcher did not bind each start that many threads on the same cores, and their idle
+    workers spin while another rank's math and MPI wait for a core. A pool the user sized
+    (TF_NUM_*_THREADS or tf.config.threading) is left alone; so is a rank bound to its own
+    CPUs, where TensorFlow's default already is its share.
+    """
+    threads = max(1, cpus // sharing)
+    pools = [("TF_NUM_INTRAOP_THREADS", tf.config.threading.get_intra_op_parallelism_threads,
+              tf.config.threading.set_intra_op_parallelism_threads),
+             ("TF_NUM_INTEROP_THREADS", tf.config.threading.get_inter_op_parallelism_threads,
+              tf.config.threading.set_inter_op_parallelism_threads)]
+    too_late = []
+    for variable, configured, configure in pools:
+        if os.environ.get(variable, "").strip() or configured():
+            continue
+        try:
+            configure(threads)
+        except RuntimeError:  # TensorFlow has run an op: its pools exist
+            too_late.append(f"{variable}={threads}")
+    if too_late and warn:
+        warnings.warn(
+            f"kerasdist: {sharing} ranks share {cpus} CPUs on this host, but TensorFlow started its "
+            f"thread pools ({cpus} threads each per rank) before kerasdist.init(), and they now compete "
+            f"for the cores. Call kerasdist.init() before any TensorFlow work, or set "
+            f"{' '.join(too_late)} for every rank (KERASDIST_TF_THREADS=off silences this).",
+            stacklevel=3)
 
 
 def _abort_job_on_uncaught_exception(MPI):
