@@ -116,7 +116,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         >>> optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
         >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
         >>> model.compile(optimizer=optimizer, loss="mse")
-        >>> float(optimizer.learning_rate.numpy())
+        >>> round(float(optimizer.learning_rate.numpy()), 6)  # the inner optimizer's (float32)
         0.01
 
     Saved `.keras` files name the class `"kerasdist>DistributedOptimizer"`: with kerasdist

@@ -176,24 +176,26 @@ def _fit_tf_thread_pools(tf, cpus, sharing, warn):
     CPUs, where TensorFlow's default already is its share.
     """
     threads = max(1, cpus // sharing)
-    pools = [("TF_NUM_INTRAOP_THREADS", tf.config.threading.get_intra_op_parallelism_threads,
+    pools = [("intra-op", "TF_NUM_INTRAOP_THREADS", tf.config.threading.get_intra_op_parallelism_threads,
               tf.config.threading.set_intra_op_parallelism_threads),
-             ("TF_NUM_INTEROP_THREADS", tf.config.threading.get_inter_op_parallelism_threads,
+             ("inter-op", "TF_NUM_INTEROP_THREADS", tf.config.threading.get_inter_op_parallelism_threads,
               tf.config.threading.set_inter_op_parallelism_threads)]
     too_late = []
-    for variable, configured, configure in pools:
+    for pool, variable, configured, configure in pools:
         if os.environ.get(variable, "").strip() or configured():
             continue
         try:
             configure(threads)
         except RuntimeError:  # TensorFlow has run an op: its pools exist
-            too_late.append(f"{variable}={threads}")
+            too_late.append((pool, variable))
     if too_late and warn:
         warnings.warn(
-            f"kerasdist: {sharing} ranks share {cpus} CPUs on this host, but TensorFlow started its "
-            f"thread pools ({cpus} threads each per rank) before kerasdist.init(), and they now compete "
-            f"for the cores. Call kerasdist.init() before any TensorFlow work, or set "
-            f"{' '.join(too_late)} for every rank (KERASDIST_TF_THREADS=off silences this).",
+            f"kerasdist: {sharing} ranks share {cpus} CPUs on this host, but TensorFlow created its "
+            f"{' and '.join(pool for pool, _ in too_late)} thread pool{'s' if len(too_late) > 1 else ''} "
+            f"with {cpus} threads per rank before kerasdist.init(), so the ranks compete for the cores. "
+            f"Call kerasdist.init() before any TensorFlow work, or set "
+            f"{' '.join(f'{variable}={threads}' for _, variable in too_late)} for every rank "
+            f"(KERASDIST_TF_THREADS=off silences this).",
             stacklevel=3)
 
 
