@@ -51,6 +51,7 @@ bench: build
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only many resnet50 \
 	    --fusion_threshold=0 --compare_to bench-results/allreduce.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py
+	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools
 
 clean:
 	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built

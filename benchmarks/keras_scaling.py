@@ -48,6 +48,16 @@ N cores, N ranks of one thread against one process of one thread is the fair
 comparison: each rank has a core, as the single process had. kerasdist's engine
 thread is extra; it sleeps while no collective is pending.
 
+Thread pools (--thread_pools): what a user gets who sets no thread variables.
+Every process starts with OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS and
+TF_NUM_INTEROP_THREADS unset, and three configurations take turns:
+    plain              plain Keras, one process, TensorFlow's own pools
+    kerasdist-N off    kerasdist-N with KERASDIST_TF_THREADS=off: every rank has
+                       TensorFlow's pools, each as large as all the CPUs
+    kerasdist-N        kerasdist-N as shipped: init() sizes the pools to each
+                       rank's share of the CPUs
+It prints the medians and kerasdist-N against kerasdist-N off and plain.
+
 Every run is bounded by `timeout` (--run_timeout_s); a failed run stops the
 benchmark with its output and a non-zero exit.
 """
@@ -81,9 +91,13 @@ RUN_TIMEOUT_S = flags.DEFINE_integer("run_timeout_s", 240, "Wall-clock limit of 
 MPIEXEC = flags.DEFINE_string("mpiexec", None, "mpiexec to launch with; default: the one next to this "
                               "Python (the venv's), else the one on PATH.")
 JSON_PATH = flags.DEFINE_string("json", str(REPO / "bench-results" / "keras_scaling.json"),
-                                "Where to write the runs and the summary.")
+                                "Where to write the runs and the summary (with --thread_pools: "
+                                "bench-results/keras_thread_pools.json unless given).")
+THREAD_POOLS = flags.DEFINE_bool("thread_pools", False, "Instead of the scaling table, compare TensorFlow's own "
+                                 "thread pools with the ones kerasdist.init() sizes (see the docstring).")
 
 PLAIN, KERASDIST_1, KERASDIST_N, INDEPENDENT_N = "plain", "kerasdist-1", "kerasdist-N", "independent-N"
+KERASDIST_N_POOLS_OFF = "kerasdist-N off"
 
 
 def mpiexec_path():
@@ -113,6 +127,14 @@ def thread_environment():
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS=str(INTRA_OP_THREADS.value), TF_NUM_INTRAOP_THREADS=str(INTRA_OP_THREADS.value),
                TF_NUM_INTEROP_THREADS=str(INTER_OP_THREADS.value), TF_CPP_MIN_LOG_LEVEL="2")
+    return env
+
+
+def unset_thread_environment(**extra):
+    """This environment without any thread-pool setting: TensorFlow's and kerasdist's defaults."""
+    unset = ("OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS", "KERASDIST_TF_THREADS")
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env.update(TF_CPP_MIN_LOG_LEVEL="2", **extra)
     return env
 
 
@@ -152,14 +174,14 @@ def ratios(throughput):
     }
 
 
-def run_rounds(configurations, env):
+def run_rounds(configurations, environments):
     """Every configuration once per round, each round starting one configuration later."""
     names = list(configurations)
     runs = []
     for round_index in range(ROUNDS.value):
         shift = round_index % len(names)
         for name in names[shift:] + names[:shift]:
-            run = {**run_once(name, configurations[name], env), "round": round_index}
+            run = {**run_once(name, configurations[name], environments[name]), "round": round_index}
             runs.append(run)
             print(f"  round {round_index + 1}: {name:<13} {run['images_per_second']:8.1f} img/s  "
                   f"step {run['step_ms']:6.1f} ms  CPU {run['cpu_ms_per_step_per_rank']:6.1f} ms/step/rank  "
@@ -216,16 +238,57 @@ def print_summary(summary, names):
               + f"   {target}")
 
 
+def compare_thread_pools():
+    """The --thread_pools comparison; returns what goes into the JSON."""
+    every = commands()
+    configurations = {PLAIN: every[PLAIN], KERASDIST_N_POOLS_OFF: every[KERASDIST_N],
+                      KERASDIST_N: every[KERASDIST_N]}
+    environments = {PLAIN: unset_thread_environment(),
+                    KERASDIST_N_POOLS_OFF: unset_thread_environment(KERASDIST_TF_THREADS="off"),
+                    KERASDIST_N: unset_thread_environment()}
+    print(f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, no thread settings, {os.cpu_count()} CPU(s); "
+          f"{ROUNDS.value} rounds of {', '.join(configurations)} (N = {RANKS.value})", flush=True)
+    runs = run_rounds(configurations, environments)
+    median = {name: statistics.median(r["images_per_second"] for r in runs if r["configuration"] == name)
+              for name in configurations}
+    print(f"\n{'configuration':<16} {'median img/s':>12}")
+    for name in configurations:
+        print(f"{name:<16} {median[name]:12.1f}")
+    def ratios(throughput):
+        return {"kerasdist-N / kerasdist-N off": throughput[KERASDIST_N] / throughput[KERASDIST_N_POOLS_OFF],
+                "kerasdist-N off / plain": throughput[KERASDIST_N_POOLS_OFF] / throughput[PLAIN],
+                "kerasdist-N / plain": throughput[KERASDIST_N] / throughput[PLAIN]}
+
+    per_round = [ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
+                 for i in range(ROUNDS.value)]
+    estimates = {"median": ratios(median),
+                 "per round": {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}}
+    print(f"\n{'':<32}" + "".join(f"{label:>11}" for label in estimates))
+    for key in estimates["median"]:
+        print(f"{key:<32}" + "".join(f"{values[key]:11.3f}" for values in estimates.values()))
+    return {"commands": {name: " ".join(command) for name, command in configurations.items()},
+            "summary": {"median_images_per_second": median, "ratios": estimates}, "runs": runs}
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if THREAD_POOLS.value:
+        result = compare_thread_pools()
+        path = pathlib.Path(JSON_PATH.value if flags.FLAGS["json"].present
+                            else REPO / "bench-results" / "keras_thread_pools.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                                    "model": MODEL.value, "ranks": RANKS.value, **result}, indent=2))
+        print(f"wrote {path}")
+        return
     configurations = commands()
     names = list(configurations)
     print(f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, {INTRA_OP_THREADS.value} intra-op / "
           f"{INTER_OP_THREADS.value} inter-op TF thread(s) per rank, {os.cpu_count()} CPU(s); "
           f"{ROUNDS.value} rounds of {', '.join(names)} (N = {RANKS.value}), "
           f"{NUM_ITERS.value} x {NUM_BATCHES_PER_ITER.value} timed batches per run", flush=True)
-    runs = run_rounds(configurations, thread_environment())
+    runs = run_rounds(configurations, {name: thread_environment() for name in names})
     summary = summarize(runs, names)
     print_summary(summary, names)
 

@@ -1,5 +1,6 @@
-"""`make bench`'s allreduce benchmark runs end to end at 2 ranks on tiny sizes and reports
-every case, fused against unfused included (not the speed: that is `make bench`'s job)."""
+"""`make bench`'s benchmarks run end to end at 2 ranks on tiny sizes and report every case:
+the allreduce one with fused against unfused, the Keras one in both its modes (not the
+speed: that is `make bench`'s job)."""
 
 import json
 import sys
@@ -32,3 +33,33 @@ def test_allreduce_benchmark_reports_sizes_and_fused_against_unfused(tmp_path):
     unfused = bench(tmp_path, "--only", "many", "--fusion_threshold=0", "--compare_to", fused_json)
     assert "many: fused" in unfused.output, unfused.describe()
     assert "kerasdist: kd.grouped_allreduce" in unfused.output.split("many: fused")[1]
+
+
+KERAS_SCRIPT = REPO_ROOT / "benchmarks" / "keras_scaling.py"
+KERAS_QUICK = ["--model=mlp", "--rounds=1", "--num_iters=1", "--num_batches_per_iter=2", "--num_warmup_batches=1"]
+
+
+def keras_bench(tmp_path, *flags):
+    argv = [sys.executable, KERAS_SCRIPT, *KERAS_QUICK, "--json", tmp_path / "keras.json", *flags]
+    job = run_job(argv, tmp_path, child_env(), timeout=240, script_name="keras_scaling.py")
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    return json.loads((tmp_path / "keras.json").read_text())
+
+
+def test_keras_scaling_benchmark_reports_every_configuration(tmp_path):
+    results = keras_bench(tmp_path)
+    assert {run["configuration"] for run in results["runs"]} == {
+        "plain", "kerasdist-1", "kerasdist-N", "independent-N"}
+    assert all(run["images_per_second"] > 0 for run in results["runs"])
+    assert set(results["summary"]["ratios"]["median"]) >= {"size1_overhead", "efficiency_vs_kerasdist_1"}
+
+
+def test_keras_thread_pool_comparison_starts_ranks_without_thread_settings(tmp_path):
+    results = keras_bench(tmp_path, "--thread_pools")
+    runs = {run["configuration"]: run for run in results["runs"]}
+    assert set(runs) == {"plain", "kerasdist-N off", "kerasdist-N"}
+    for run in runs.values():
+        assert all(threads is None for threads in run["results"][0]["threads"].values()), run
+    for estimate in ("median", "per round"):
+        assert set(results["summary"]["ratios"][estimate]) == {
+            "kerasdist-N / kerasdist-N off", "kerasdist-N off / plain", "kerasdist-N / plain"}
