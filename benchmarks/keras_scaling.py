@@ -254,14 +254,14 @@ def compare_thread_pools():
     print(f"\n{'configuration':<16} {'median img/s':>12}")
     for name in configurations:
         print(f"{name:<16} {median[name]:12.1f}")
-    def ratios(throughput):
+    def pool_ratios(throughput):
         return {"kerasdist-N / kerasdist-N off": throughput[KERASDIST_N] / throughput[KERASDIST_N_POOLS_OFF],
                 "kerasdist-N off / plain": throughput[KERASDIST_N_POOLS_OFF] / throughput[PLAIN],
                 "kerasdist-N / plain": throughput[KERASDIST_N] / throughput[PLAIN]}
 
-    per_round = [ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
+    per_round = [pool_ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
                  for i in range(ROUNDS.value)]
-    estimates = {"median": ratios(median),
+    estimates = {"median": pool_ratios(median),
                  "per round": {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}}
     print(f"\n{'':<32}" + "".join(f"{label:>11}" for label in estimates))
     for key in estimates["median"]:

@@ -135,7 +135,7 @@ def init():
         rank, size = world.Get_rank(), world.Get_size()
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(color=local.Get_rank(), key=rank)
-        cpus, sharing = _cpu_share(local)
+        cpus, sharing = _cpu_share(local)  # a collective: every rank joins, whatever its knob says
         if knobs.tf_threads == "auto" and sharing > 1:
             _fit_tf_thread_pools(tf, cpus, sharing, warn=local.Get_rank() == 0)
         path = _library_path()

@@ -3,7 +3,6 @@
 import re
 import sys
 
-
 from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT, child_env, run_job
 
 pytestmark = LAUNCH_TEST_MARKS

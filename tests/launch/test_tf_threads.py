@@ -17,10 +17,10 @@ pytestmark = LAUNCH_TEST_MARKS
 
 def unsized_env(**extra):
     """The child environment without any thread-pool size the test run itself set."""
-    env = child_env()
+    env = child_env(**extra)
     for variable in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
-        env.pop(variable, None)
-    env.update({k: str(v) for k, v in extra.items()})
+        if variable not in extra:
+            env.pop(variable, None)
     return env
 
 

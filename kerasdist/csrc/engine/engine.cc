@@ -862,12 +862,9 @@ void Engine::RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items) {
     for (auto& [e, t] : items) if (e->status.ok()) e->status = s;
   };
 
-  std::vector<size_t> offsets;
-  size_t total = 0;
-  for (auto& [e, t] : items) {
-    offsets.push_back(total);
-    total += FusedBytes(e->request.tensors[t]);
-  }
+  std::vector<size_t> offsets{0};  // where each tensor starts, then where the group ends
+  for (auto& [e, t] : items) offsets.push_back(offsets.back() + FusedBytes(e->request.tensors[t]));
+  const size_t total = offsets.back();
   std::unique_ptr<FusionBuffer> transient;
   FusionBuffer* buffer = FusionBufferFor(total, &transient);
   if (!buffer) {
@@ -879,10 +876,11 @@ void Engine::RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items) {
   auto copy_in_start = Clock::now();
   for (size_t i = 0; i < items.size(); ++i) {
     auto& [e, t] = items[i];
-    const size_t bytes = NumElements(e->request.tensors[t].shape) * item_size;
-    ScaledCopy(data + offsets[i], e->inputs[t], bytes / item_size, dtype, e->request.prescale);
+    const int64_t count = NumElements(e->request.tensors[t].shape);
+    ScaledCopy(data + offsets[i], e->inputs[t], count, dtype, e->request.prescale);
     // Padding is reduced too: zeros keep it from holding stale NaNs or denormals.
-    std::memset(data + offsets[i] + bytes, 0, FusedBytes(e->request.tensors[t]) - bytes);
+    const size_t end = offsets[i] + count * item_size;
+    std::memset(data + end, 0, offsets[i + 1] - end);
   }
   auto reduce_start = Clock::now();
   int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(total / item_size), ToMpiType(dtype), op, comm_);
