@@ -1,27 +1,88 @@
-"""KERASDIST_* settings are parsed once, and a bad value names the variable."""
+"""KERASDIST_* settings: declared once, checked by one rule that init() and kerasdist-run share,
+and a bad value names its variable, the text and what is allowed."""
 import pytest
 
-from kerasdist.runtime import Knobs
+from kerasdist.knobs import KNOBS, Knobs
+from kerasdist.run import launcher
 
 
 def test_defaults_when_nothing_is_set():
     assert Knobs.from_environment({}) == Knobs()
     assert Knobs().tf_threads == "auto"
+    assert Knobs().stall_timeout_s == 1800.0 and Knobs().mismatch_timeout_s == 5.0
 
 
 def test_values_are_read_from_the_environment():
-    knobs = Knobs.from_environment({"KERASDIST_FUSION_THRESHOLD": "0", "KERASDIST_CYCLE_TIME_MS": "2.5",
-                                    "KERASDIST_LOG_LEVEL": "DEBUG", "KERASDIST_TF_THREADS": " Off "})
-    assert (knobs.fusion_threshold_bytes, knobs.cycle_time_ms) == (0, 2.5)
-    assert (knobs.log_level, knobs.tf_threads) == ("debug", "off")
+    got = Knobs.from_environment({"KERASDIST_FUSION_THRESHOLD": "0", "KERASDIST_CYCLE_TIME_MS": "2.5",
+                                  "KERASDIST_LOG_LEVEL": "DEBUG", "KERASDIST_TF_THREADS": " Off ",
+                                  "KERASDIST_MISMATCH_TIMEOUT_S": "0", "KERASDIST_CACHE_CAPACITY": "8"})
+    assert (got.fusion_threshold_bytes, got.cycle_time_ms, got.mismatch_timeout_s) == (0, 2.5, 0.0)
+    assert (got.log_level, got.tf_threads, got.cache_capacity) == ("debug", "off", 8)
 
 
-@pytest.mark.parametrize("variable, value", [
-    ("KERASDIST_FUSION_THRESHOLD", "16MB"),
-    ("KERASDIST_STALL_TIMEOUT_S", "-1"),
-    ("KERASDIST_LOG_LEVEL", "loud"),
-    ("KERASDIST_TF_THREADS", "4"),
-])
-def test_a_bad_value_names_its_variable(variable, value):
-    with pytest.raises(ValueError, match=variable):
+_BAD_VALUES = [
+    ("KERASDIST_FUSION_THRESHOLD", "16MB", "is not an integer"),
+    ("KERASDIST_FUSION_THRESHOLD", str(2**40), "must be between 0 and 2147483647 bytes"),
+    ("KERASDIST_FUSION_THRESHOLD", str(2**63), "must be between 0 and 2147483647 bytes"),
+    ("KERASDIST_FUSION_THRESHOLD", str(2**64), "must be between 0 and 2147483647 bytes"),
+    ("KERASDIST_FUSION_THRESHOLD", "-1", "must be between 0"),
+    ("KERASDIST_CYCLE_TIME_MS", "inf", "must be a number between 0 and 1000 ms"),
+    ("KERASDIST_STALL_WARNING_S", "nan", "must be a number between 0"),
+    ("KERASDIST_STALL_TIMEOUT_S", "nan", "must be a number between 0"),
+    ("KERASDIST_STALL_TIMEOUT_S", "-1", "must be a number between 0"),
+    ("KERASDIST_STALL_TIMEOUT_S", "1e300", "must be a number between 0"),
+    ("KERASDIST_MISMATCH_TIMEOUT_S", "soon", "is not a number"),
+    ("KERASDIST_CACHE_CAPACITY", "0", "must be between 1 and 1048576"),
+    ("KERASDIST_CACHE_CAPACITY", "lots", "is not an integer"),
+    ("KERASDIST_LOG_LEVEL", "loud", "must be one of debug, info, warning, error"),
+    ("KERASDIST_TF_THREADS", "4", "must be one of auto, off"),
+]
+
+
+@pytest.mark.parametrize("variable, value, reason", _BAD_VALUES)
+def test_init_refuses_a_bad_value_naming_the_variable_and_the_rule(variable, value, reason):
+    with pytest.raises(ValueError) as error:
         Knobs.from_environment({variable: value})
+    assert str(error.value).startswith(f"{variable}={value!r} {reason}")
+
+
+@pytest.mark.parametrize("variable, value, reason", _BAD_VALUES)
+def test_the_launcher_refuses_what_init_refuses_from_the_environment(variable, value, reason, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        launcher.main(["-np", "2", "--dry-run", "python", "t.py"], environ={variable: value})
+    assert exit_info.value.code == launcher.USAGE_ERROR
+    assert f"{variable}={value!r} {reason}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
+def test_every_knob_has_a_flag_that_sets_its_variable_on_every_rank(knob, capsys):
+    text = {"fusion_threshold_bytes": "2", "timeline_path": "/tmp/trace.json", "log_level": "INFO",
+            "tf_threads": "off", "cache_capacity": "64"}.get(knob.field, "7")
+    status = launcher.main(["-np", "2", "--dry-run", knob.flag, text, "python", "t.py"],
+                           environ={"KERASDIST_MPI_FLAVOUR": "mpich"})
+    assert status == 0
+    expected = {"fusion_threshold_bytes": str(2 * 2**20), "log_level": "info"}.get(knob.field, text)
+    assert f"-genv {knob.variable} {expected} " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
+def test_every_knob_already_in_the_environment_is_forwarded(knob, capsys):
+    value = knob.default_text() if knob.field != "timeline_path" else "/tmp/t.json"
+    if knob.field == "fusion_threshold_bytes":
+        value = str(knob.default)
+    launcher.main(["-np", "2", "--dry-run", "python", "t.py"],
+                  environ={"KERASDIST_MPI_FLAVOUR": "mpich", knob.variable: value})
+    assert f"-genv {knob.variable} {value} " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("knob", [k for k in KNOBS if isinstance(k.default, (int, float))], ids=lambda k: k.flag)
+def test_a_flag_refuses_nan_as_its_variable_would(knob, capsys):
+    with pytest.raises(SystemExit):
+        launcher.main(["-np", "2", "--dry-run", knob.flag, "nan", "python", "t.py"], environ={})
+    assert f"argument {knob.flag}:" in capsys.readouterr().err
+
+
+def test_the_declaration_and_the_settings_have_the_same_fields():
+    assert [knob.field for knob in KNOBS] == list(Knobs.__dataclass_fields__)
+    assert len({knob.variable for knob in KNOBS}) == len({knob.flag for knob in KNOBS}) == len(KNOBS)
+    assert all(knob.variable.startswith("KERASDIST_") for knob in KNOBS)

@@ -12,16 +12,11 @@ import signal
 import subprocess
 import sys
 
-from kerasdist import runtime
+from kerasdist import knobs, runtime
 from kerasdist.run import mpi
 
 PROG = "kerasdist-run"
 BUILD_INFO_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build_info.json")
-# Engine settings read by kerasdist.init() (see kerasdist/runtime.py Knobs); those already in the
-# launcher's environment are passed on too, since Open MPI does not forward them to remote hosts.
-ENGINE_VARIABLES = ("KERASDIST_FUSION_THRESHOLD", "KERASDIST_CYCLE_TIME_MS", "KERASDIST_TIMELINE",
-                    "KERASDIST_STALL_WARNING_S", "KERASDIST_STALL_TIMEOUT_S", "KERASDIST_CACHE_CAPACITY",
-                    "KERASDIST_LOG_LEVEL")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 USAGE_ERROR = 2  # what argparse exits with
 
@@ -43,15 +38,20 @@ def _positive_int(text):
     return value
 
 
-def _non_negative_number(text):
-    """Checks a number >= 0 and returns it as typed, so the ranks read exactly that."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return text.strip()
+def _knob_text(knob):
+    """The flag's argument type: the text to set the knob's variable to, checked by the same
+    rule `kerasdist.init()` applies on every rank."""
+
+    def variable_text(text):
+        value = (knob.flag_to_text(text) if knob.flag_to_text else text).strip()
+        try:
+            knob.parse(value)
+        except ValueError as error:
+            in_other_units = f" (= {knob.variable}={value})" if knob.flag_default is not None else ""
+            raise argparse.ArgumentTypeError(f"{text!r}{in_other_units} {error}") from None
+        return value
+
+    return variable_text
 
 
 def _host_list(text):
@@ -79,7 +79,6 @@ def _mpi_args(text):
 
 def make_parser():
     """The argument parser of ``kerasdist-run`` (also ``python -m kerasdist.run``)."""
-    defaults = runtime.Knobs()
     parser = _Parser(
         prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs command as NP kerasdist ranks with the mpiexec kerasdist was built with.\n"
@@ -93,24 +92,10 @@ def make_parser():
                        help="hosts to run on, e.g. node1:2,node2:2 (default: this host)")
     where.add_argument("--hostfile", type=_existing_file, metavar="FILE",
                        help="host file in your MPI's own format")
-    knobs = parser.add_argument_group("engine knobs (set the KERASDIST_* variable on every rank)")
-    knobs.add_argument("--fusion-threshold-mb", type=_non_negative_number, metavar="MB",
-                       help=f"most MiB one MPI call reduces (small tensors are fused up to it, "
-                            f"larger ones split into pieces of it); 0 turns both off "
-                            f"(default {defaults.fusion_threshold_bytes // 2**20})")
-    knobs.add_argument("--cycle-time-ms", type=_non_negative_number, metavar="MS",
-                       help=f"wait this long after new work so more joins one reduction "
-                            f"(default {defaults.cycle_time_ms:g})")
-    knobs.add_argument("--timeline", metavar="FILE",
-                       help="Chrome-trace JSON that rank 0 writes (made absolute here)")
-    knobs.add_argument("--stall-warning-s", type=_non_negative_number, metavar="S",
-                       help=f"warn when a collective has waited this long; 0: never "
-                            f"(default {defaults.stall_warning_s:g})")
-    knobs.add_argument("--stall-timeout-s", type=_non_negative_number, metavar="S",
-                       help=f"fail stalled collectives after this long; 0: wait for ever "
-                            f"(default {defaults.stall_timeout_s:g})")
-    knobs.add_argument("--log-level", type=str.lower, choices=sorted(runtime._LOG_LEVELS, key=runtime._LOG_LEVELS.get),
-                       help=f"engine messages on stderr (default {defaults.log_level})")
+    engine = parser.add_argument_group("engine knobs (each sets its KERASDIST_* variable on every rank)")
+    for knob in knobs.KNOBS:
+        engine.add_argument(knob.flag, dest=knob.field, type=_knob_text(knob), metavar=knob.metavar,
+                            help=f"{knob.variable}: {knob.help} (default {knob.default_text()})")
     parser.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
                         help='extra mpiexec options, one quoted string, e.g. --mpi-args "-bind-to core"')
     parser.add_argument("--dry-run", action="store_true", help="print the mpiexec command and exit")
@@ -123,20 +108,12 @@ def make_parser():
 
 
 def rank_environment(args, environ):
-    """The ``KERASDIST_*`` variables to set on every rank: the caller's, then the flags'."""
-    environment = {name: environ[name] for name in ENGINE_VARIABLES if name in environ}
-    if args.fusion_threshold_mb is not None:
-        environment["KERASDIST_FUSION_THRESHOLD"] = str(int(float(args.fusion_threshold_mb) * 2**20))
-    if args.cycle_time_ms is not None:
-        environment["KERASDIST_CYCLE_TIME_MS"] = args.cycle_time_ms
-    if args.timeline is not None:
-        environment["KERASDIST_TIMELINE"] = os.path.abspath(args.timeline)
-    if args.stall_warning_s is not None:
-        environment["KERASDIST_STALL_WARNING_S"] = args.stall_warning_s
-    if args.stall_timeout_s is not None:
-        environment["KERASDIST_STALL_TIMEOUT_S"] = args.stall_timeout_s
-    if args.log_level is not None:
-        environment["KERASDIST_LOG_LEVEL"] = args.log_level
+    """The ``KERASDIST_*`` variables to set on every rank: the caller's (Open MPI does not forward
+    them to remote hosts by itself), then the flags'."""
+    environment = {knob.variable: environ[knob.variable] for knob in knobs.KNOBS if knob.variable in environ}
+    for knob in knobs.KNOBS:
+        if getattr(args, knob.field) is not None:
+            environment[knob.variable] = getattr(args, knob.field)
     return environment
 
 
@@ -230,7 +207,7 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
 
     environment = rank_environment(args, environ)
     try:
-        runtime.Knobs.from_environment(environment)  # the check every rank would make, once, here
+        knobs.Knobs.from_environment(environment)  # the check every rank would make, once, here
     except ValueError as error:
         parser.error(f"{error} (from the environment)")
     try:

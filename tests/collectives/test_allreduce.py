@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import kerasdist as kd
-from kerasdist.runtime import Knobs
+from kerasdist.knobs import Knobs
 from kd_testutil import (FLOAT_DTYPES, MODES, NUMERIC_DTYPES, RANK, REDUCE_OPS,
                          SHAPES, SIZE, as_tensor, check, dtype_id, max_abs,
                          rank_values, reduce_op, reference_reduce, run, shape_id)

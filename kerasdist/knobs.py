@@ -1,0 +1,154 @@
+"""The engine's settings, declared once.
+
+Each `Knob` names its environment variable, its `kerasdist-run` flag, its default, how its
+text is checked and what it means. `runtime.init()` reads them through `Knobs.from_environment`,
+the launcher builds its flags and the variables it forwards from `KNOBS`, and the README's knob
+table says the same: a value one of them accepts, all of them accept. Standard library only, so
+the launcher starts without TensorFlow or MPI.
+"""
+import dataclasses
+import math
+import os
+
+LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
+TF_THREAD_MODES = ("auto", "off")
+
+# One MPI call moves an int count of elements; a fusion buffer bigger than this buys nothing
+# and may not be allocatable at all.
+MAX_FUSION_THRESHOLD_BYTES = 2**31 - 1
+# The negotiation bit vector grows by a bit per cached request, reduced every cycle.
+MAX_CACHE_CAPACITY = 2**20
+
+
+def _integer(low, high, unit=""):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError("is not an integer") from None
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}{unit}")
+        return value
+
+    return parse
+
+
+def _seconds_or_milliseconds(high, unit):
+    def parse(text):
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError("is not a number") from None
+        if math.isnan(value) or not 0 <= value <= high:  # nan compares false: name it
+            raise ValueError(f"must be a number between 0 and {high:g}{unit}")
+        return value
+
+    return parse
+
+
+def _one_of(choices):
+    def parse(text):
+        value = text.lower()
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _text(text):
+    return text
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    """One engine setting: where it is read from, its default, and how its text is checked."""
+
+    field: str  # attribute of `Knobs`
+    variable: str  # environment variable every rank reads
+    flag: str  # kerasdist-run option that sets the variable
+    default: object
+    parse: object  # text -> value; raises ValueError saying what is allowed
+    help: str
+    metavar: str = "VALUE"
+    # kerasdist-run flags given in friendlier units say how to turn them into the variable's text,
+    # and what the default is in those units.
+    flag_to_text: object = None
+    flag_default: str = None
+
+    def default_text(self):
+        """The default as the flag spells it."""
+        if self.flag_default is not None:
+            return self.flag_default
+        return f"{self.default:g}" if isinstance(self.default, float) else str(self.default or "none")
+
+    def read(self, environ):
+        """This knob's value in `environ` (its default when unset or blank)."""
+        text = environ.get(self.variable)
+        if text is None or not text.strip():
+            return self.default
+        try:
+            return self.parse(text.strip())
+        except ValueError as error:
+            raise ValueError(f"{self.variable}={text!r} {error}") from None
+
+
+def _mebibytes_to_bytes(text):
+    try:
+        return str(int(float(text) * 2**20))
+    except (ValueError, OverflowError):  # "big", "nan", "inf": the variable's check explains
+        return text
+
+
+_A_YEAR_S = 86400.0 * 365  # "never" is spelled 0, not a huge number
+
+KNOBS = (
+    Knob("fusion_threshold_bytes", "KERASDIST_FUSION_THRESHOLD", "--fusion-threshold-mb", 16 * 2**20,
+         _integer(0, MAX_FUSION_THRESHOLD_BYTES, " bytes"),
+         "the most bytes one MPI call reduces: allreduces of up to 256 KiB that are ready together are "
+         "fused up to it, larger tensors are reduced in pieces of it; 0 turns both off",
+         metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="16"),
+    Knob("cycle_time_ms", "KERASDIST_CYCLE_TIME_MS", "--cycle-time-ms", 0.0,
+         _seconds_or_milliseconds(1000.0, " ms"),
+         "after new work wakes the idle engine, wait this long so more requests join one reduction",
+         metavar="MS"),
+    Knob("timeline_path", "KERASDIST_TIMELINE", "--timeline", "", _text,
+         "Chrome-trace JSON that rank 0 writes (the launcher makes the path absolute)", metavar="FILE",
+         flag_to_text=os.path.abspath),
+    Knob("stall_warning_s", "KERASDIST_STALL_WARNING_S", "--stall-warning-s", 60.0,
+         _seconds_or_milliseconds(_A_YEAR_S, " s"),
+         "warn when a collective has waited this long for other ranks; 0: never", metavar="S"),
+    Knob("stall_timeout_s", "KERASDIST_STALL_TIMEOUT_S", "--stall-timeout-s", 1800.0,
+         _seconds_or_milliseconds(_A_YEAR_S, " s"),
+         "fail collectives some rank has not submitted after this long; the job then ends non-zero; "
+         "0: wait for ever", metavar="S"),
+    Knob("mismatch_timeout_s", "KERASDIST_MISMATCH_TIMEOUT_S", "--mismatch-timeout-s", 5.0,
+         _seconds_or_milliseconds(_A_YEAR_S, " s"),
+         "fail eager collectives when every rank has been blocked this long in a different call, so "
+         "none can complete; 0: never (set 0 if several threads of a rank make eager collectives)",
+         metavar="S"),
+    Knob("cache_capacity", "KERASDIST_CACHE_CAPACITY", "--cache-capacity", 1024,
+         _integer(1, MAX_CACHE_CAPACITY),
+         "requests remembered for the one-allreduce negotiation fast path", metavar="N"),
+    Knob("log_level", "KERASDIST_LOG_LEVEL", "--log-level", "warning", _one_of(tuple(LOG_LEVELS)),
+         "engine messages on stderr: " + ", ".join(LOG_LEVELS), metavar="LEVEL", flag_to_text=str.lower),
+    Knob("tf_threads", "KERASDIST_TF_THREADS", "--tf-threads", "auto", _one_of(TF_THREAD_MODES),
+         "auto: when ranks on a host share CPUs, size TensorFlow's thread pools to each rank's share; "
+         "off: leave them to TensorFlow", metavar="MODE", flag_to_text=str.lower),
+)
+
+
+
+def _from_environment(cls, environ=None):
+    """Every knob from `environ` (default `os.environ`); a bad value raises `ValueError`
+    naming its variable, the text and what is allowed."""
+    environ = os.environ if environ is None else environ
+    return cls(**{knob.field: knob.read(environ) for knob in KNOBS})
+
+
+# The settings as one frozen value, its fields made from `KNOBS` so the two cannot drift.
+Knobs = dataclasses.make_dataclass(
+    "Knobs", [(knob.field, type(knob.default), dataclasses.field(default=knob.default)) for knob in KNOBS],
+    frozen=True, namespace={"__doc__": "Engine settings, read once from `KERASDIST_*` variables at `init()`.",
+                            "from_environment": classmethod(_from_environment)})
+Knobs.__module__ = __name__
