@@ -1,15 +1,24 @@
-"""Collectives on TensorFlow tensors, eager or inside ``tf.function``.
+"""Collectives on TensorFlow tensors, eager or inside ``tf.function``, and on Python objects.
 
 Each call becomes one request to the engine, identified by a name that must match across
-ranks: inside a graph the op's node name, in eager mode a per-call counter (or ``name=``).
-Gradients follow the convention that the global objective is the sum of the per-rank losses.
+ranks: inside a graph the op's node name; in eager mode (or ``name=``) the place it was called
+from and a count of the calls made there. A call one rank cannot make (bad input) fails on that
+rank at once and, through the engine, on the others too. Gradients follow the convention that
+the global objective is the sum of the per-rank losses.
 """
+import collections
 import enum
 import itertools
+import os
+import pickle
+import struct
+import sys
 import threading
 
+import numpy as np
 import tensorflow as tf
 from tensorflow.python.framework import auto_control_deps
+from tensorflow.python.ops import control_flow_util
 
 from kerasdist import runtime
 
@@ -20,6 +29,20 @@ _OP_TYPES = ("KerasdistAllreduce", "KerasdistAllgather", "KerasdistBroadcast",
 # one, and serializing them like other stateful ops would defeat tensor fusion.
 auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
     auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset(_OP_TYPES))
+
+
+class _OpKind(enum.IntEnum):
+    """The engine's operation kinds (values match the C++ engine)."""
+
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    REDUCESCATTER = 3
+    ALLTOALL = 4
+
+
+_REDUCIBLE_DTYPES = (tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_MOVABLE_DTYPES = _REDUCIBLE_DTYPES + (tf.bool,)
 
 
 class ReduceOp(enum.IntEnum):
@@ -75,8 +98,10 @@ class Compression:
     bf16 = _Cast(tf.bfloat16)
 
 
-_counters = {}
-_counters_lock = threading.Lock()
+_calls_per_site = collections.defaultdict(itertools.count)
+_calls_per_site_lock = threading.Lock()
+# Frames that lie between a program's call and the collective: ours and TensorFlow's wrappers.
+_PASS_THROUGH_MODULES = (__name__, "tensorflow.")
 
 
 # AutoGraph leaves these as written: they hold no tensor-dependent Python control flow, and a
@@ -86,14 +111,59 @@ _not_autographed = tf.autograph.experimental.do_not_convert
 
 
 def _tensor_name(kind, name):
-    """The name every rank gives this call; '' lets the kernel use its graph node name."""
+    """The name every rank gives this call; '' lets the kernel use its graph node name.
+
+    An unnamed eager call is named after the line that made it and the number of calls made
+    there before: `allreduce@train.py:12#0`. Calls from different lines never pair, so an extra
+    call on one rank (say under `if rank == 0:`) fails as a mismatch instead of shifting every
+    later pairing by one.
+    """
     if name:
         return name
     if not tf.executing_eagerly():
         return ""
-    with _counters_lock:
-        counter = _counters.setdefault(kind, itertools.count())
-        return f"{kind}.{next(counter)}"
+    site = _call_site()
+    with _calls_per_site_lock:
+        count = next(_calls_per_site[(kind, site)])
+    return f"{kind}@{site}#{count}"
+
+
+def _call_site():
+    """`file:line` of the first frame outside kerasdist.ops and TensorFlow's wrappers. The file's
+    base name, not its path: ranks on different hosts may run the same code from different paths."""
+    frame = sys._getframe(2)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(_PASS_THROUGH_MODULES):
+        frame = frame.f_back
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+def _fail(kind, name, error):
+    """Raises `error` on this rank; an eager call first tells the other ranks, which then fail
+    the same call (naming this rank and the error) instead of waiting for it."""
+    if tf.executing_eagerly() and name:
+        runtime.state().engine.kerasdist_submit_failure(
+            name.encode(), int(kind), f"{type(error).__name__}: {error}".encode())
+    raise error
+
+
+def _refuse_xla(where):
+    """Our ops have no XLA kernels: fail at trace time with a fix, not deep inside XLA."""
+    if not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(
+            tf.compat.v1.get_default_graph()):
+        raise ValueError(
+            f"{where} runs inside an XLA-compiled function (jit_compile=True), but kerasdist's "
+            "collectives have no XLA kernels. Compile the model with jit_compile=False (the "
+            "callbacks from kerasdist.callbacks() do this for model.fit), or drop jit_compile=True "
+            "from your tf.function.")
+
+
+def _check_dtypes(what, kind, name, tensors, allowed):
+    for tensor in tensors:
+        if tensor.dtype not in allowed:
+            _fail(kind, name, TypeError(
+                f"kerasdist.{what} takes tensors of dtype {', '.join(d.name for d in allowed)}; "
+                f"got {tensor.dtype.name}" + (f" for '{name}'" if name else "") + ". Cast it first "
+                "(complex numbers: reduce tf.math.real and tf.math.imag separately)"))
 
 
 def _ops():
@@ -104,11 +174,20 @@ def _scale(factor):
     return tf.convert_to_tensor(factor, tf.float64)
 
 
-def _check_reduce_op(op):
+def _check_reduce_op(op, kind=_OpKind.ALLREDUCE, name=""):
     try:
         return ReduceOp(op)
     except ValueError:
-        raise ValueError(f"op must be one of kerasdist.Average, Sum, Min, Max, Product; got {op!r}") from None
+        _fail(kind, name, ValueError(f"op must be one of kerasdist.Average, Sum, Min, Max, Product; got {op!r}"))
+
+
+def _check_rank(value, argument, what, kind, name):
+    """`value` as a rank of this job, or the error on every rank that makes the call."""
+    size = runtime.state().size
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
+        _fail(kind, name, ValueError(
+            f"kerasdist.{what}: {argument}={value!r} is not a rank of this job (an integer from 0 to {size - 1})"))
+    return int(value)
 
 
 @_not_autographed
@@ -136,14 +215,17 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
         >>> float(a[0]) == kerasdist.size()
         True
     """
-    op = _check_reduce_op(op)
+    _refuse_xla("kerasdist.grouped_allreduce")
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
+    name = _tensor_name("allreduce", name)
+    op = _check_reduce_op(op, _OpKind.ALLREDUCE, name)
+    _check_dtypes("allreduce", _OpKind.ALLREDUCE, name, tensors, _REDUCIBLE_DTYPES)
     compressed, originals = zip(*(compression.compress(t) for t in tensors))
     reduced = _ops().kerasdist_allreduce(
         list(compressed), _scale(prescale_factor), _scale(postscale_factor),
-        tensor_name=_tensor_name("allreduce", name), reduce_op=int(op))
+        tensor_name=name, reduce_op=int(op), blocking=tf.executing_eagerly())
     return [compression.decompress(t, d) for t, d in zip(reduced, originals)]
 
 
@@ -191,7 +273,11 @@ def allgather(tensor, name=None):
         >>> int(rows.shape[0]) == kerasdist.size() * (kerasdist.size() + 1) // 2
         True
     """
-    return _ops().kerasdist_allgather(tf.convert_to_tensor(tensor), tensor_name=_tensor_name("allgather", name))
+    _refuse_xla("kerasdist.allgather")
+    tensor = tf.convert_to_tensor(tensor)
+    name = _tensor_name("allgather", name)
+    _check_dtypes("allgather", _OpKind.ALLGATHER, name, [tensor], _MOVABLE_DTYPES)
+    return _ops().kerasdist_allgather(tensor, tensor_name=name, blocking=tf.executing_eagerly())
 
 
 @_not_autographed
@@ -203,8 +289,15 @@ def broadcast(tensor, root_rank, name=None):
         >>> int(kerasdist.broadcast(tf.constant(kerasdist.rank()), root_rank=0))
         0
     """
-    return _ops().kerasdist_broadcast(tf.convert_to_tensor(tensor), tensor_name=_tensor_name("broadcast", name),
-                                      root_rank=int(root_rank))
+    _refuse_xla("kerasdist.broadcast")
+    tensor = tf.convert_to_tensor(tensor)
+    name = _tensor_name("broadcast", name)
+    _check_dtypes("broadcast", _OpKind.BROADCAST, name, [tensor], _MOVABLE_DTYPES)
+    if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
+        _fail(_OpKind.BROADCAST, name, TypeError(f"kerasdist.broadcast: root_rank={root_rank!r} must be an integer"))
+    # Its range is the engine's check, on every rank alike.
+    return _ops().kerasdist_broadcast(tensor, tensor_name=name, root_rank=int(root_rank),
+                                      blocking=tf.executing_eagerly())
 
 
 _PACK_BELOW_BYTES = 64 * 1024
@@ -251,10 +344,14 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
         >>> shard.shape.as_list()
         [2, 3]
     """
-    op = _check_reduce_op(op)
+    _refuse_xla("kerasdist.reducescatter")
+    tensor = tf.convert_to_tensor(tensor)
+    name = _tensor_name("reducescatter", name)
+    op = _check_reduce_op(op, _OpKind.REDUCESCATTER, name)
+    _check_dtypes("reducescatter", _OpKind.REDUCESCATTER, name, [tensor], _REDUCIBLE_DTYPES)
     return _ops().kerasdist_reducescatter(
-        tf.convert_to_tensor(tensor), _scale(prescale_factor), _scale(postscale_factor),
-        tensor_name=_tensor_name("reducescatter", name), reduce_op=int(op))
+        tensor, _scale(prescale_factor), _scale(postscale_factor),
+        tensor_name=name, reduce_op=int(op), blocking=tf.executing_eagerly())
 
 
 @_not_autographed
@@ -269,32 +366,112 @@ def alltoall(tensor, splits=None, name=None):
         >>> got.numpy().tolist() == list(range(kerasdist.size()))
         True
     """
+    _refuse_xla("kerasdist.alltoall")
     output, _ = _alltoall(tensor, splits, name)
     return output
 
 
 def _alltoall(tensor, splits, name):
-    splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(splits, tf.int32)
-    return _ops().kerasdist_alltoall(tf.convert_to_tensor(tensor), splits,
-                                     tensor_name=_tensor_name("alltoall", name))
+    tensor = tf.convert_to_tensor(tensor)
+    name = _tensor_name("alltoall", name)
+    _check_dtypes("alltoall", _OpKind.ALLTOALL, name, [tensor], _MOVABLE_DTYPES)
+    if splits is None:
+        splits = tf.zeros([0], tf.int32)
+    elif not _integer_splits(splits):
+        _fail(_OpKind.ALLTOALL, name, TypeError(
+            f"kerasdist.alltoall: splits must be integers (rows sent to each rank), got {splits!r}"))
+    return _ops().kerasdist_alltoall(tensor, tf.cast(splits, tf.int32), tensor_name=name,
+                                     blocking=tf.executing_eagerly())
+
+
+def _integer_splits(splits):
+    """True for integer tensors, and for lists and arrays of integers (a float that happens to be
+    whole included, but not 2.9: truncating it would silently send other rows)."""
+    if isinstance(splits, (tf.Tensor, tf.Variable)):
+        return splits.dtype.is_integer
+    values = np.asarray(splits)
+    if values.dtype.kind in "iu":
+        return True
+    return values.dtype.kind == "f" and bool(np.all(np.isfinite(values) & (values == np.round(values))))
+
+
+# Python objects travel pickled, as the bytes of a uint8 allgather: named and negotiated like
+# every other collective, so an unmatched call fails as a mismatch instead of pairing with the
+# next object collective of another rank. They run eagerly even while a tf.function is traced
+# (tf.init_scope), once per trace, as Python code there does.
+
+def _pickled(obj, name):
+    try:
+        return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as error:  # noqa: BLE001 - any pickling failure; the others must hear of it
+        _fail(_OpKind.ALLGATHER, name, error)
+
+
+def _allgather_bytes(payload, name):
+    gathered = _ops().kerasdist_allgather(tf.constant(np.frombuffer(payload, np.uint8)), tensor_name=name,
+                                          blocking=True)
+    return gathered.numpy().tobytes()
 
 
 @_not_autographed
-def broadcast_object(obj, root_rank=0):
-    """Returns ``root_rank``'s picklable ``obj`` on every rank."""
-    return runtime.state().comm.bcast(obj, root=root_rank)
+def broadcast_object(obj, root_rank=0, name=None):
+    """Returns ``root_rank``'s picklable ``obj`` on every rank (a collective, run eagerly).
+
+    Every rank unpickles what ``root_rank`` sent: use it between the ranks of one job only.
+    If ``root_rank`` cannot pickle ``obj``, it raises that error and every other rank raises
+    ``tf.errors.InvalidArgumentError`` naming it.
+
+    Example:
+        >>> import kerasdist
+        >>> kerasdist.broadcast_object({"seed": 40 + kerasdist.rank()}, root_rank=0)
+        {'seed': 40}
+    """
+    with tf.init_scope():
+        name = _tensor_name("broadcast_object", name)
+        root_rank = _check_rank(root_rank, "root_rank", "broadcast_object", _OpKind.ALLGATHER, name)
+        is_root = runtime.state().rank == root_rank
+        payload = _pickled(obj, name) if is_root else b""
+        received = _allgather_bytes(payload, name)  # the root's bytes: the others send none
+    return obj if is_root else pickle.loads(received)
+
+
+_LENGTH = struct.Struct("<Q")  # each rank's pickle is preceded by its length
 
 
 @_not_autographed
-def allgather_object(obj):
-    """Returns the list of every rank's picklable ``obj``, in rank order."""
-    return runtime.state().comm.allgather(obj)
+def allgather_object(obj, name=None):
+    """Returns the list of every rank's picklable ``obj``, in rank order (a collective, run eagerly).
+
+    Example:
+        >>> import kerasdist
+        >>> kerasdist.allgather_object(kerasdist.rank()) == list(range(kerasdist.size()))
+        True
+    """
+    with tf.init_scope():
+        name = _tensor_name("allgather_object", name)
+        payload = _pickled(obj, name)
+        received = _allgather_bytes(_LENGTH.pack(len(payload)) + payload, name)
+    objects, offset = [], 0
+    for _ in range(runtime.state().size):
+        (length,) = _LENGTH.unpack_from(received, offset)
+        offset += _LENGTH.size
+        objects.append(pickle.loads(received[offset:offset + length]))
+        offset += length
+    return objects
 
 
 @_not_autographed
-def barrier():
-    """Returns once every rank has called it."""
-    runtime.state().comm.Barrier()
+def barrier(name=None):
+    """Returns once every rank has called it.
+
+    Example:
+        >>> import kerasdist
+        >>> kerasdist.barrier()
+    """
+    _refuse_xla("kerasdist.barrier")
+    _ops().kerasdist_allreduce([tf.zeros([1], tf.int32)], _scale(1.0), _scale(1.0),
+                               tensor_name=_tensor_name("barrier", name), reduce_op=int(Sum),
+                               blocking=tf.executing_eagerly())
 
 
 # Gradients. With loss = sum over ranks of loss_r, each rank's input feeds every rank's output.

@@ -14,60 +14,10 @@ import threading
 import time
 import warnings
 
-_LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
-
-
-@dataclasses.dataclass(frozen=True)
-class Knobs:
-    """Engine settings, read once from ``KERASDIST_*`` environment variables at ``init()``."""
-
-    fusion_threshold_bytes: int = 16 * 1024 * 1024
-    cycle_time_ms: float = 0.0
-    timeline_path: str = ""
-    stall_warning_s: float = 60.0
-    stall_timeout_s: float = 1800.0
-    cache_capacity: int = 1024
-    log_level: str = "warning"
-    tf_threads: str = "auto"
-
-    @classmethod
-    def from_environment(cls, environ=None):
-        environ = os.environ if environ is None else environ
-        defaults = cls()
-
-        def number(variable, default, kind):
-            text = environ.get(variable)
-            if text is None or text.strip() == "":
-                return default
-            try:
-                value = kind(text)
-            except ValueError:
-                raise ValueError(f"{variable}={text!r} is not a valid {kind.__name__}") from None
-            if value < 0:
-                raise ValueError(f"{variable}={text!r} must be >= 0")
-            return value
-
-        log_level = environ.get("KERASDIST_LOG_LEVEL", defaults.log_level).strip().lower()
-        if log_level not in _LOG_LEVELS:
-            raise ValueError(f"KERASDIST_LOG_LEVEL={log_level!r} must be one of {sorted(_LOG_LEVELS)}")
-        tf_threads = environ.get("KERASDIST_TF_THREADS", "").strip().lower() or defaults.tf_threads
-        if tf_threads not in ("auto", "off"):
-            raise ValueError(f"KERASDIST_TF_THREADS={tf_threads!r} must be 'auto' or 'off'")
-        return cls(
-            fusion_threshold_bytes=number("KERASDIST_FUSION_THRESHOLD", defaults.fusion_threshold_bytes, int),
-            cycle_time_ms=number("KERASDIST_CYCLE_TIME_MS", defaults.cycle_time_ms, float),
-            timeline_path=environ.get("KERASDIST_TIMELINE", ""),
-            stall_warning_s=number("KERASDIST_STALL_WARNING_S", defaults.stall_warning_s, float),
-            stall_timeout_s=number("KERASDIST_STALL_TIMEOUT_S", defaults.stall_timeout_s, float),
-            cache_capacity=number("KERASDIST_CACHE_CAPACITY", defaults.cache_capacity, int) or 1,
-            log_level=log_level,
-            tf_threads=tf_threads,
-        )
-
+from kerasdist.knobs import LOG_LEVELS, Knobs
 
 @dataclasses.dataclass
 class _State:
-    comm: object  # mpi4py communicator for object collectives (a dup of the world)
     rank: int
     size: int
     local_rank: int
@@ -142,14 +92,17 @@ def init():
         ops = tf.load_op_library(path)
         engine = ctypes.CDLL(path)
         engine.kerasdist_start.argtypes = [ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_double,
-                                           ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+                                           ctypes.c_double, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
+                                           ctypes.c_char_p, ctypes.c_int]
+        engine.kerasdist_submit_failure.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
         error = ctypes.create_string_buffer(1024)
         failed = engine.kerasdist_start(knobs.fusion_threshold_bytes, knobs.cycle_time_ms, knobs.stall_warning_s,
-                                        knobs.stall_timeout_s, knobs.cache_capacity,
-                                        knobs.timeline_path.encode(), _LOG_LEVELS[knobs.log_level], error, len(error))
+                                        knobs.stall_timeout_s, knobs.mismatch_timeout_s, knobs.cache_capacity,
+                                        knobs.timeline_path.encode(), LOG_LEVELS[knobs.log_level], error,
+                                        len(error))
         if failed:
             raise RuntimeError(error.value.decode())
-        _state = _State(comm=world.Dup(), rank=rank, size=size, local_rank=local.Get_rank(),
+        _state = _State(rank=rank, size=size, local_rank=local.Get_rank(),
                         local_size=local.Get_size(), cross_rank=cross.Get_rank(), cross_size=cross.Get_size(),
                         knobs=knobs, ops=ops, engine=engine)
         local.Free()
@@ -158,6 +111,7 @@ def init():
         atexit.register(shutdown)
         if size > 1:
             _abort_job_on_uncaught_exception(MPI)
+            _remember_exit_status()
 
 
 def _cpu_share(local):
@@ -206,14 +160,50 @@ def _abort_job_on_uncaught_exception(MPI):
 
     def abort(exc_type, exc, tb):
         previous(exc_type, exc, tb)
-        sys.stderr.write(f"kerasdist: uncaught exception on rank {MPI.COMM_WORLD.Get_rank()}; aborting the job\n")
-        sys.stderr.flush()
-        # The launcher forwards output asynchronously and an abort tears its pipes down:
-        # give it a moment, or the traceback that explains the failure can be lost.
-        time.sleep(0.5)
-        MPI.COMM_WORLD.Abort(1)
+        _abort_job(f"uncaught exception on rank {MPI.COMM_WORLD.Get_rank()}; aborting the job", 1)
 
     sys.excepthook = abort
+
+
+def _abort_job(message, status):
+    MPI = _import_mpi()
+    sys.stderr.write(f"kerasdist: {message}\n")
+    sys.stderr.flush()
+    # The launcher forwards output asynchronously and an abort tears its pipes down: give it a
+    # moment, or the message that explains the failure can be lost.
+    time.sleep(0.5)
+    MPI.COMM_WORLD.Abort(status)
+
+
+# What this rank's program passed to sys.exit(), as an exit status; None until it calls it.
+_requested_exit_status = None
+
+
+def _remember_exit_status():
+    """Records sys.exit's status, which atexit handlers cannot otherwise see.
+
+    A rank leaving with status n while others still run would make their pending collectives
+    fail, and they would abort the job with status 1: the status the program chose would be
+    lost. Knowing it, `shutdown()` ends the job with it instead.
+    """
+    exit_for_real = sys.exit
+
+    def exit(status=None):
+        global _requested_exit_status
+        _requested_exit_status = _as_exit_status(status)
+        exit_for_real(status)
+
+    exit.__doc__ = exit_for_real.__doc__
+    sys.exit = exit
+
+
+def _as_exit_status(status):
+    """The process exit status Python gives `sys.exit(status)`."""
+    if status is None:
+        return 0
+    if isinstance(status, int) and not isinstance(status, bool):
+        return status & 0xFF
+    return 1  # a message: Python prints it and exits 1
 
 
 def shutdown():
@@ -226,19 +216,22 @@ def shutdown():
     with _lock:
         if _state is None:
             return
+        if _state.size > 1 and _requested_exit_status:
+            # Other ranks may still be in collectives with this one; ending the job now keeps the
+            # status the program chose (they would otherwise fail and abort with status 1).
+            _abort_job(f"rank {_state.rank} called sys.exit with status {_requested_exit_status}; "
+                       f"ending the job with that status", _requested_exit_status)
         _state.engine.kerasdist_shutdown()
         stalled = _state.engine.kerasdist_stalled()
-        size = _state.size
+        rank, size = _state.rank, _state.size
         _state = None
         _shut_down = True
     if stalled and size > 1:
-        # The other ranks may be blocked in a collective this rank gave up on; only an
-        # abort ends the job then, and a stalled job must not look successful.
-        MPI = _import_mpi()
-        sys.stderr.write("kerasdist: the job stalled (see the error above); aborting all ranks\n")
-        sys.stderr.flush()
-        time.sleep(0.5)  # let the launcher forward the error before the abort
-        MPI.COMM_WORLD.Abort(1)
+        # A collective timed out: the ranks no longer agree on what ran, even where the program
+        # caught the error, so the job must not look successful; and a rank the engine gave up on
+        # may still block the others, which only an abort ends.
+        _abort_job(f"a collective timed out on rank {rank} (see the error above); ending the job "
+                   f"with status 1", 1)
 
 
 def is_initialized():

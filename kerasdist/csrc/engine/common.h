@@ -66,6 +66,12 @@ struct Request {
   double postscale = 1.0;
   std::vector<TensorSpec> tensors;  // more than one for a grouped allreduce
   std::vector<int64_t> splits;      // alltoall: rows sent to each rank
+  // The caller's thread waits for this request alone (an eager call): a rank whose pending
+  // requests are all blocking can submit nothing else until one of them completes.
+  bool blocking = false;
+  // Non-empty: this rank could not run the collective (bad input). The request carries no
+  // data; negotiating it tells the other ranks, which then fail the same call with this text.
+  std::string error;
 };
 
 // Rank 0's answer for one name, identical on every rank.

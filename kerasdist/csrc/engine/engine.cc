@@ -17,6 +17,9 @@ namespace {
 
 constexpr uint64_t kNobodyReports = 1;   // word 0, bit 0 (AND: set only if no rank reports)
 constexpr uint64_t kNobodyStops = 2;     // word 0, bit 1
+// Word 0, bit 2: set by a rank whose pending requests all block their callers (or are failures
+// it reported), so it can submit nothing new; after the AND, set when every rank is so stuck.
+constexpr uint64_t kAllWaiting = 4;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
 constexpr int kTagStallQuery = 17;       // point-to-point tags on the engine's communicator
 constexpr int kTagStallReply = 18;
@@ -39,7 +42,8 @@ int g_log_rank = 0;
 double Seconds(Engine::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 // "rank 0 sent float32; ranks 1, 2 sent float64" — or empty when every rank agrees.
-std::string DescribeDisagreement(const std::vector<std::string>& value_by_rank) {
+std::string DescribeDisagreement(const std::vector<std::string>& value_by_rank,
+                                 const char* verb = "sent", const char* plural_verb = "sent") {
   std::vector<std::pair<std::string, std::vector<int>>> groups;
   for (size_t r = 0; r < value_by_rank.size(); ++r) {
     auto it = std::find_if(groups.begin(), groups.end(),
@@ -53,7 +57,7 @@ std::string DescribeDisagreement(const std::vector<std::string>& value_by_rank) 
     const auto& ranks = groups[g].second;
     out << (g ? "; " : "") << (ranks.size() == 1 ? "rank " : "ranks ");
     for (size_t i = 0; i < ranks.size(); ++i) out << (i ? ", " : "") << ranks[i];
-    out << " sent " << groups[g].first;
+    out << " " << (ranks.size() == 1 ? verb : plural_verb) << " " << groups[g].first;
   }
   return out.str();
 }
@@ -139,7 +143,7 @@ Engine& Engine::Get() {
 
 bool Engine::stalled() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stop_reason_.code == StatusCode::kDeadlineExceeded;
+  return timed_out_ || stop_reason_.code == StatusCode::kDeadlineExceeded;
 }
 
 Status Engine::Start(const EngineOptions& options) {
@@ -196,51 +200,61 @@ void Engine::Shutdown() {
   // may still hold an unfinished negotiation, and freeing it then would be erroneous.
 }
 
-Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
-                       AllocateFn allocate, AliasFn alias, DoneFn done) {
-  // Checks that need no other rank fail here, on the rank that made the mistake.
-  const std::string name = request.name;
-  if (request.kind == OpKind::kBroadcast && (request.root_rank < 0 || request.root_rank >= size_)) {
-    return Status::InvalidArgument("kerasdist: root_rank " + std::to_string(request.root_rank) +
+Status Engine::CheckLocally(Request* request) const {
+  const std::string& name = request->name;
+  if (request->kind == OpKind::kBroadcast && (request->root_rank < 0 || request->root_rank >= size_)) {
+    return Status::InvalidArgument("kerasdist: root_rank " + std::to_string(request->root_rank) +
                                    " for '" + name + "' is outside [0, " + std::to_string(size_) + ")");
   }
-  for (const auto& t : request.tensors) {
-    bool needs_dim0 = request.kind == OpKind::kAllgather || request.kind == OpKind::kReducescatter ||
-                      request.kind == OpKind::kAlltoall;
+  for (const auto& t : request->tensors) {
+    bool needs_dim0 = request->kind == OpKind::kAllgather || request->kind == OpKind::kReducescatter ||
+                      request->kind == OpKind::kAlltoall;
     if (needs_dim0 && t.shape.empty()) {
-      return Status::InvalidArgument(std::string("kerasdist: ") + OpKindName(request.kind) +
+      return Status::InvalidArgument(std::string("kerasdist: ") + OpKindName(request->kind) +
                                      " needs a tensor of rank >= 1, got a scalar for '" + name + "'");
     }
-    if (!IsFloatingPoint(t.dtype) && (request.prescale != 1.0 || request.postscale != 1.0)) {
+    if (!IsFloatingPoint(t.dtype) && (request->prescale != 1.0 || request->postscale != 1.0)) {
       return Status::InvalidArgument("kerasdist: prescale/postscale factors apply to floating-point "
                                      "tensors only; '" + name + "' is " + DataTypeName(t.dtype));
     }
     if (t.dtype == DataType::kBool &&
-        (request.kind == OpKind::kAllreduce || request.kind == OpKind::kReducescatter)) {
+        (request->kind == OpKind::kAllreduce || request->kind == OpKind::kReducescatter)) {
       return Status::InvalidArgument("kerasdist: cannot reduce bool tensor '" + name +
                                      "'; cast it to an integer type first");
     }
   }
-  if (request.kind == OpKind::kAlltoall) {
-    const Shape& shape = request.tensors[0].shape;
-    if (request.splits.empty()) {
+  if (request->kind == OpKind::kAlltoall) {
+    const Shape& shape = request->tensors[0].shape;
+    if (request->splits.empty()) {
       if (shape[0] % size_ != 0) {
         return Status::InvalidArgument("kerasdist: alltoall of '" + name + "' without splits needs dim 0 (" +
                                        std::to_string(shape[0]) + ") divisible by size (" +
                                        std::to_string(size_) + "); pass splits");
       }
-      request.splits.assign(size_, shape[0] / size_);
+      request->splits.assign(size_, shape[0] / size_);
     }
     int64_t total = 0;
     bool negative = false;
-    for (int64_t s : request.splits) { total += s; negative |= s < 0; }
-    if (static_cast<int>(request.splits.size()) != size_ || total != shape[0] || negative) {
+    for (int64_t s : request->splits) { total += s; negative |= s < 0; }
+    if (static_cast<int>(request->splits.size()) != size_ || total != shape[0] || negative) {
       return Status::InvalidArgument("kerasdist: alltoall splits for '" + name + "' must be " +
                                      std::to_string(size_) + " non-negative counts summing to dim 0 (" +
-                                     std::to_string(shape[0]) + "), got " + ShapeString(request.splits));
+                                     std::to_string(shape[0]) + "), got " + ShapeString(request->splits));
     }
   }
+  return Status::OK();
+}
 
+Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
+                       AllocateFn allocate, AliasFn alias, DoneFn done) {
+  // A mistake that needs no other rank to see fails here, on the rank that made it, and is
+  // negotiated too, so the ranks that did call correctly fail the same call instead of waiting.
+  Status local = CheckLocally(&request);
+  if (!local.ok()) {
+    request.error = local.message;
+    SubmitFailure(std::move(request));
+    return local;
+  }
   auto entry = std::make_unique<Entry>();
   entry->signature = RequestSignature(request);
   entry->request = std::move(request);
@@ -250,6 +264,7 @@ Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::ve
   entry->alias = std::move(alias);
   entry->done = std::move(done);
   entry->enqueued = Clock::now();
+  const std::string& name = entry->request.name;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopped_) {
@@ -268,6 +283,25 @@ Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::ve
   }
   cv_.notify_one();
   return Status::OK();
+}
+
+void Engine::SubmitFailure(Request request) {
+  if (request.error.empty()) request.error = "failed on this rank";
+  request.tensors.clear();   // nothing travels; only the name and the error matter
+  request.blocking = false;  // the caller does not wait for it
+  auto entry = std::make_unique<Entry>();
+  entry->signature = RequestSignature(request);
+  entry->request = std::move(request);
+  entry->done = [](const Status&) {};
+  entry->enqueued = Clock::now();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A name already pending here fails the other ranks' calls anyway (or is a duplicate).
+    if (stopped_ || !in_flight_.insert(entry->request.name).second) return;
+    incoming_.push_back(std::move(entry));
+    work_arrived_.store(true, std::memory_order_release);
+  }
+  cv_.notify_one();
 }
 
 void Engine::Loop() {
@@ -408,16 +442,24 @@ bool Engine::RunCycle(bool* progress) {
   }
   const auto now = Clock::now();
   const double stale_s = options_.stall_warning_s / 2;
+  // A blocking request still waiting by then goes to rank 0 as well, which needs every rank's
+  // waits in hand to tell a mismatch from a late rank.
+  const double blocking_stale_s = options_.mismatch_timeout_s / 2;
 
   // Fast-path bits for cached requests; everything else goes to rank 0.
   std::vector<uint64_t> bits(words_, 0);
   std::vector<int32_t> invalidations;
   bool report = false;
+  bool any_blocking = false, none_free = true;
   for (auto& [name, e] : pending_) {
+    any_blocking |= e->request.blocking;
+    none_free &= e->request.blocking || !e->request.error.empty();
     if (e->reported) continue;
     auto it = cache_ids_.find(name);
     if (it != cache_ids_.end()) {
-      bool stale = options_.stall_warning_s > 0 && Seconds(now - e->enqueued) > stale_s;
+      const double waited = Seconds(now - e->enqueued);
+      bool stale = (options_.stall_warning_s > 0 && waited > stale_s) ||
+                   (e->request.blocking && options_.mismatch_timeout_s > 0 && waited > blocking_stale_s);
       if (cache_[it->second].signature == e->signature && !stale) {
         int bit = kFlagBits + it->second;
         bits[bit / 64] |= uint64_t{1} << (bit % 64);
@@ -428,13 +470,19 @@ bool Engine::RunCycle(bool* progress) {
     }
     report = true;
   }
+  mismatch_check_due_ = false;
   if (rank_ == 0) {
     for (auto& [name, n] : table_) {
       if (options_.stall_timeout_s > 0 && Seconds(now - n.first_seen) > options_.stall_timeout_s) report = true;
     }
+    if (all_waiting_ && options_.mismatch_timeout_s > 0 &&
+        Seconds(now - all_waiting_since_) >= options_.mismatch_timeout_s && EveryRankReported()) {
+      report = mismatch_check_due_ = true;
+    }
   }
   if (!report) bits[0] |= kNobodyReports;
   if (!shutting_down) bits[0] |= kNobodyStops;
+  if (any_blocking && none_free) bits[0] |= kAllWaiting;
 
   MPI_Request request;
   int code = MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(words_), MPI_UINT64_T,
@@ -453,6 +501,12 @@ bool Engine::RunCycle(bool* progress) {
 
   std::vector<Ready> ready;
   const auto negotiated = Clock::now();
+  if (rank_ == 0) {
+    const bool all_waiting = bits[0] & kAllWaiting;
+    if (all_waiting && !all_waiting_) all_waiting_since_ = negotiated;
+    all_waiting_ = all_waiting;
+    mismatch_check_due_ &= all_waiting;
+  }
   for (size_t w = 1; w < words_; ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
       int32_t id = static_cast<int32_t>((w * 64 + __builtin_ctzll(word)) - kFlagBits);
@@ -464,6 +518,7 @@ bool Engine::RunCycle(bool* progress) {
 
   if (timeline_.enabled()) timeline_.CycleMark(negotiated, static_cast<int>(ready.size()));
   *progress = !ready.empty();
+  if (*progress) all_waiting_ = false;
   Execute(ready);
 
   if (!(bits[0] & kNobodyStops)) {
@@ -585,6 +640,8 @@ void Engine::CoordinatorStep(const std::vector<std::vector<char>>& messages,
     responses->push_back(std::move(response));
     table_.erase(name);
   }
+  // Something completing is progress: the waits were not stuck after all.
+  if (mismatch_check_due_ && completed.empty()) FailMismatchedWaits(responses);
   if (options_.stall_timeout_s > 0) {
     for (auto it = table_.begin(); it != table_.end();) {
       if (Seconds(now - it->second.first_seen) <= options_.stall_timeout_s) { ++it; continue; }
@@ -654,6 +711,18 @@ Response Engine::Validate(const std::string& name, const std::vector<std::unique
     return std::any_of(v.begin(), v.end(), [&](const std::string& x) { return x != v[0]; });
   };
 
+  // A rank that could not run the call told us why: every rank fails it with that reason.
+  std::string failures;
+  for (size_t r = 0; r < by_rank.size(); ++r) {
+    if (by_rank[r]->error.empty()) continue;
+    failures += std::string(failures.empty() ? "" : "; ") + "rank " + std::to_string(r) + ": " + by_rank[r]->error;
+  }
+  if (!failures.empty()) {
+    response.status = Status::InvalidArgument("kerasdist: '" + name + "' failed on every rank because a rank "
+                                              "could not run it (" + failures + ")");
+    return response;
+  }
+
   auto kinds = per_rank([](const Request& r) { return std::string(OpKindName(r.kind)); });
   if (disagree(kinds)) return fail("collective", kinds, "Every rank must call the same op for one name.");
   auto counts = per_rank([](const Request& r) { return std::to_string(r.tensors.size()) + " tensor(s)"; });
@@ -705,16 +774,62 @@ void Engine::CheckStalls(Clock::time_point now) {
         Seconds(now - n.first_seen) < options_.stall_warning_s / 2) {
       continue;
     }
-    std::string missing, present;
+    std::string missing, present, elsewhere;
     for (int r = 0; r < size_; ++r) {
       std::string& list = n.by_rank[r] ? present : missing;
       list += (list.empty() ? "" : ", ") + std::to_string(r);
+      const std::string waits = n.by_rank[r] ? "" : WaitsOf(r, 2);
+      if (!waits.empty()) elsewhere += "; rank " + std::to_string(r) + " waits in " + waits;
     }
-    Log(2, "stall: '%s' was submitted by rank(s) %s but not by rank(s) %s (waiting %.0f s). "
+    Log(2, "stall: '%s' was submitted by rank(s) %s but not by rank(s) %s (waiting %.0f s)%s. "
            "Ranks must run the same collectives.",
-        name.c_str(), present.c_str(), missing.c_str(), Seconds(now - n.first_seen) + options_.stall_warning_s / 2);
+        name.c_str(), present.c_str(), missing.c_str(), Seconds(now - n.first_seen) + options_.stall_warning_s / 2,
+        elsewhere.c_str());
     n.last_warning = now;
   }
+}
+
+std::string Engine::WaitsOf(int r, size_t limit) const {
+  std::string names;
+  size_t count = 0;
+  for (const auto& [name, n] : table_) {
+    if (!n.by_rank[r]) continue;
+    if (count++ < limit) names += (names.empty() ? "'" : ", '") + name + "'";
+  }
+  if (count > limit) names += " and " + std::to_string(count - limit) + " more";
+  return names;
+}
+
+bool Engine::EveryRankReported() const {
+  std::vector<bool> seen(size_, false);
+  for (const auto& [name, n] : table_) {
+    for (int r = 0; r < size_; ++r) seen[r] = seen[r] || n.by_rank[r] != nullptr;
+  }
+  return std::all_of(seen.begin(), seen.end(), [](bool b) { return b; });
+}
+
+void Engine::FailMismatchedWaits(std::vector<Response>* responses) {
+  std::vector<std::string> waits(size_);
+  for (int r = 0; r < size_; ++r) waits[r] = WaitsOf(r, 3);
+  std::string described = DescribeDisagreement(waits, "waits in", "wait in");
+  if (described.empty()) described = "every rank waits in " + waits[0];
+  std::ostringstream timeout;
+  timeout << options_.mismatch_timeout_s;
+  const Status status = Status::FailedPrecondition(
+      "kerasdist: the ranks are blocked in different collectives, so none of them can complete: " +
+      described +
+      ". Every rank must make the same collective calls in the same order; a call made on some ranks "
+      "only (for example under `if rank == 0:`) pairs with nothing. Unnamed eager calls are named by "
+      "file:line and a count of calls there, so calls from different lines never pair: pass the same "
+      "name= to calls that belong together. (Found after every rank waited " + timeout.str() +
+      " s; KERASDIST_MISMATCH_TIMEOUT_S sets this.)");
+  for (const auto& [name, n] : table_) {
+    Response response;
+    response.name = name;
+    response.status = status;
+    responses->push_back(std::move(response));
+  }
+  table_.clear();
 }
 
 void Engine::Execute(std::vector<Ready>& ready) {
@@ -835,20 +950,22 @@ void Engine::RunAlone(Entry* e, int t) {
   }
 }
 
-FusionBuffer* Engine::FusionBufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient) {
+FusionBuffer* Engine::FusionBufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient, size_t* tried) {
   for (auto& buffer : fusion_pool_) {
     if (buffer->size() >= bytes && !buffer->InUse()) return buffer.get();
   }
   if (fusion_pool_.size() < kPooledFusionBuffers) {
     // Pooled buffers have the threshold's size, so every later group fits. Pages nobody
     // writes are never touched, so a small model does not pay for the whole threshold.
-    auto buffer = fusion_buffer_factory_(std::max<size_t>(bytes, options_.fusion_threshold_bytes));
+    *tried = std::max<size_t>(bytes, options_.fusion_threshold_bytes);
+    auto buffer = fusion_buffer_factory_(*tried);
     if (!buffer) return nullptr;
     AdviseHugePages(buffer->data(), buffer->size());
     fusion_pool_.push_back(std::move(buffer));
     return fusion_pool_.back().get();
   }
   // Every pooled buffer is still viewed by live outputs (a caller keeps old results).
+  *tried = bytes;
   *transient = fusion_buffer_factory_(bytes);
   return transient->get();
 }
@@ -866,10 +983,12 @@ void Engine::RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items) {
   for (auto& [e, t] : items) offsets.push_back(offsets.back() + FusedBytes(e->request.tensors[t]));
   const size_t total = offsets.back();
   std::unique_ptr<FusionBuffer> transient;
-  FusionBuffer* buffer = FusionBufferFor(total, &transient);
+  size_t tried = total;
+  FusionBuffer* buffer = FusionBufferFor(total, &transient, &tried);
   if (!buffer) {
-    return fail_all(Status::Internal("kerasdist: cannot allocate a " + std::to_string(total) +
-                                     "-byte fusion buffer; lower KERASDIST_FUSION_THRESHOLD"));
+    return fail_all(Status::Internal("kerasdist: cannot allocate a " + std::to_string(tried) +
+                                     "-byte fusion buffer (KERASDIST_FUSION_THRESHOLD=" +
+                                     std::to_string(options_.fusion_threshold_bytes) + "); lower it"));
   }
   char* data = buffer->data();
 
@@ -991,6 +1110,7 @@ Status Engine::RunAlltoall(Entry* e, const Response& r) {
 }
 
 void Engine::Finish(Entry* e, const Status& status) {
+  if (status.code == StatusCode::kDeadlineExceeded) timed_out_ = true;
   auto it = pending_.find(e->request.name);
   std::unique_ptr<Entry> owned = std::move(it->second);
   pending_.erase(it);
@@ -1003,6 +1123,7 @@ void Engine::Finish(Entry* e, const Status& status) {
 }
 
 void Engine::FailAllPending(const Status& status) {
+  if (status.code == StatusCode::kDeadlineExceeded) timed_out_ = true;
   std::vector<std::unique_ptr<Entry>> failed;
   {
     std::lock_guard<std::mutex> lock(mu_);

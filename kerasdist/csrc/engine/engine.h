@@ -36,6 +36,7 @@ struct EngineOptions {
   double cycle_time_ms = 0.0;                 // coalescing window after work arrives
   double stall_warning_s = 60.0;              // 0 disables warnings
   double stall_timeout_s = 0.0;               // 0: wait forever
+  double mismatch_timeout_s = 5.0;            // every rank blocked in a different call; 0: never
   int cache_capacity = 1024;                  // requests that may take the fast path
   std::string timeline_path;                  // written by rank 0 when set
   int log_level = 2;                          // 0 debug, 1 info, 2 warning, 3 error
@@ -51,6 +52,8 @@ class Engine {
   Status Start(const EngineOptions& options);
   // Fails what is pending and stops the thread; every rank should call it (atexit does).
   void Shutdown();
+  // True once a collective of this rank failed for a stall (the job can no longer be trusted to
+  // agree) or the engine itself gave up waiting for other ranks.
   bool stalled() const;
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -63,6 +66,10 @@ class Engine {
   // from `allocate` or `alias` when the request runs.
   Status Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
                  AllocateFn allocate, AliasFn alias, DoneFn done);
+  // Negotiates a collective this rank could not run (`request.error` says why), so that the
+  // other ranks fail the same call within a cycle instead of waiting for it. Nothing runs and
+  // nothing is called back on this rank; the caller raises its own error.
+  void SubmitFailure(Request request);
 
  private:
   struct Entry {
@@ -95,6 +102,8 @@ class Engine {
     Clock::time_point last_warning;
   };
 
+  // Checks that need no other rank; fills alltoall's default splits.
+  Status CheckLocally(Request* request) const;
   void Loop();
   // Returns false when the engine must stop (shutdown agreed or a fatal error).
   bool RunCycle(bool* progress);
@@ -114,8 +123,8 @@ class Engine {
   void RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items);
   void RunAlone(Entry* e, int index);
   // A free pooled buffer, a new pooled one, or (pool full and busy) one of exactly `bytes`
-  // that `transient` owns. Null if it cannot be allocated.
-  FusionBuffer* FusionBufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient);
+  // that `transient` owns. Null if it cannot be allocated; `tried` is the size asked for.
+  FusionBuffer* FusionBufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient, size_t* tried);
   Status RunAllgather(Entry* e, const Response& r);
   Status RunBroadcast(Entry* e);
   Status RunReducescatter(Entry* e);
@@ -125,6 +134,13 @@ class Engine {
   void FailAllPending(const Status& status);
   std::string PendingNames(size_t limit) const;
   void CheckStalls(Clock::time_point now);
+  // Rank 0: the names rank `r` has submitted that are still incomplete, for messages.
+  std::string WaitsOf(int r, size_t limit) const;
+  // Rank 0: true when every rank has reported at least one incomplete request.
+  bool EveryRankReported() const;
+  // Rank 0: when every rank has been blocked in collectives that pair with nothing for the
+  // mismatch timeout, fails all of them with one message naming what each rank waits in.
+  void FailMismatchedWaits(std::vector<Response>* responses);
 
   EngineOptions options_;
   MPI_Comm comm_ = MPI_COMM_NULL;
@@ -154,6 +170,11 @@ class Engine {
   std::vector<std::unique_ptr<FusionBuffer>> fusion_pool_;
   int64_t cycles_done_ = 0;          // negotiations completed, equal on every rank
   bool in_negotiation_ = false;
+  // Rank 0: since when every rank has been blocked (see kAllWaiting) with no progress.
+  Clock::time_point all_waiting_since_{};
+  bool all_waiting_ = false;
+  bool mismatch_check_due_ = false;  // this cycle's slow path fails the mismatched waits
+  std::atomic<bool> timed_out_{false};
   std::vector<int64_t> peer_cycle_;  // last reply per rank: the cycle it waits in, or -1 if idle
   Timeline timeline_;
 };

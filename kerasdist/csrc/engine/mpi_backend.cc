@@ -1,7 +1,10 @@
 #include "mpi_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <limits>
+#include <type_traits>
 
 #include "half.h"
 
@@ -10,7 +13,33 @@ namespace {
 
 // [0] float16, [1] bfloat16; index by ReduceOp (Average and Sum share the sum).
 MPI_Op g_half_ops[2][5];
-bool g_half_ops_created = false;
+// Min and Max of float32 and float64: [0] float32, [1] float64; [0] Min, [1] Max.
+MPI_Op g_float_extrema[2][2];
+bool g_ops_created = false;
+
+// Min and Max that every rank evaluates alike. MPI's builtin MIN/MAX compare with < and >, so a
+// NaN wins or loses depending on which operand it is, and ranks that combine in different orders
+// get different answers. Here a NaN always wins (as NumPy's minimum and maximum propagate it),
+// becoming the one canonical quiet NaN, and other values compare by a total order in which
+// -0.0 < +0.0, so the result does not depend on the order of the operands.
+template <typename F>
+F Extremum(F a, F b, bool want_max) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<F>::quiet_NaN();
+  using Bits = std::conditional_t<sizeof(F) == 4, int32_t, int64_t>;
+  auto key = [](F x) {
+    Bits bits;
+    std::memcpy(&bits, &x, sizeof(F));
+    return bits < 0 ? bits ^ std::numeric_limits<Bits>::max() : bits;  // negatives: reversed order
+  };
+  return (want_max ? key(a) > key(b) : key(a) < key(b)) ? a : b;
+}
+
+template <typename F, bool kWantMax>
+void CombineExtrema(void* in, void* inout, int* len, MPI_Datatype*) {
+  const F* a = static_cast<const F*>(in);
+  F* b = static_cast<F*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = Extremum(a[i], b[i], kWantMax);
+}
 
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), typename Combine>
 void CombineHalves(void* in, void* inout, int* len, Combine combine) {
@@ -24,12 +53,12 @@ void CombineHalves(void* in, void* inout, int* len, Combine combine) {
     CombineHalves<ToF, FromF>(in, inout, len, [](float x, float y) { return expr; }); \
   }
 KD_HALF_REDUCTION(HalfSum, HalfToFloat, FloatToHalf, x + y)
-KD_HALF_REDUCTION(HalfMin, HalfToFloat, FloatToHalf, std::min(x, y))
-KD_HALF_REDUCTION(HalfMax, HalfToFloat, FloatToHalf, std::max(x, y))
+KD_HALF_REDUCTION(HalfMin, HalfToFloat, FloatToHalf, Extremum(x, y, false))
+KD_HALF_REDUCTION(HalfMax, HalfToFloat, FloatToHalf, Extremum(x, y, true))
 KD_HALF_REDUCTION(HalfProd, HalfToFloat, FloatToHalf, x * y)
 KD_HALF_REDUCTION(BHalfSum, BFloat16ToFloat, FloatToBFloat16, x + y)
-KD_HALF_REDUCTION(BHalfMin, BFloat16ToFloat, FloatToBFloat16, std::min(x, y))
-KD_HALF_REDUCTION(BHalfMax, BFloat16ToFloat, FloatToBFloat16, std::max(x, y))
+KD_HALF_REDUCTION(BHalfMin, BFloat16ToFloat, FloatToBFloat16, Extremum(x, y, false))
+KD_HALF_REDUCTION(BHalfMax, BFloat16ToFloat, FloatToBFloat16, Extremum(x, y, true))
 KD_HALF_REDUCTION(BHalfProd, BFloat16ToFloat, FloatToBFloat16, x * y)
 #undef KD_HALF_REDUCTION
 
@@ -47,13 +76,17 @@ void ScaleHalves(uint16_t* dst, const uint16_t* src, int64_t n, double factor) {
 }  // namespace
 
 void CreateMpiReductions() {
-  if (g_half_ops_created) return;
+  if (g_ops_created) return;
   MPI_User_function* fns[2][5] = {
       {HalfSum, HalfSum, HalfMin, HalfMax, HalfProd},
       {BHalfSum, BHalfSum, BHalfMin, BHalfMax, BHalfProd}};
   for (int t = 0; t < 2; ++t)
     for (int op = 0; op < 5; ++op) MPI_Op_create(fns[t][op], /*commute=*/1, &g_half_ops[t][op]);
-  g_half_ops_created = true;
+  MPI_User_function* extrema[2][2] = {{CombineExtrema<float, false>, CombineExtrema<float, true>},
+                                      {CombineExtrema<double, false>, CombineExtrema<double, true>}};
+  for (int t = 0; t < 2; ++t)
+    for (int m = 0; m < 2; ++m) MPI_Op_create(extrema[t][m], /*commute=*/1, &g_float_extrema[t][m]);
+  g_ops_created = true;
 }
 
 MPI_Datatype ToMpiType(DataType dtype) {
@@ -73,6 +106,10 @@ MPI_Datatype ToMpiType(DataType dtype) {
 MPI_Op ToMpiOp(ReduceOp op, DataType dtype) {
   if (dtype == DataType::kFloat16) return g_half_ops[0][static_cast<int>(op)];
   if (dtype == DataType::kBFloat16) return g_half_ops[1][static_cast<int>(op)];
+  if ((dtype == DataType::kFloat32 || dtype == DataType::kFloat64) &&
+      (op == ReduceOp::kMin || op == ReduceOp::kMax)) {
+    return g_float_extrema[dtype == DataType::kFloat64][op == ReduceOp::kMax];
+  }
   switch (op) {
     case ReduceOp::kAverage: case ReduceOp::kSum: return MPI_SUM;
     case ReduceOp::kMin: return MPI_MIN;

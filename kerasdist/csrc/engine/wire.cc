@@ -15,6 +15,8 @@ void WriteRequest(ByteWriter& w, const Request& r) {
     w.PutInts(t.shape);
   }
   w.PutInts(r.splits);
+  w.Put<uint8_t>(r.blocking ? 1 : 0);
+  w.PutString(r.error);
 }
 
 Request ReadRequest(ByteReader& in) {
@@ -31,6 +33,8 @@ Request ReadRequest(ByteReader& in) {
     t.shape = in.GetInts();
   }
   r.splits = in.GetInts();
+  r.blocking = in.Get<uint8_t>() != 0;
+  r.error = in.GetString();
   return r;
 }
 

@@ -1,7 +1,9 @@
 // TensorFlow binding: op registrations and async kernels that hand tensors to the engine.
 // Ops are stateful so TF never constant-folds, merges or prunes them (a collective must run on
 // every rank even where its result is unused); kerasdist/ops.py lets tf.function run them in
-// any order instead of serializing them like other stateful ops.
+// any order instead of serializing them like other stateful ops. `blocking` is true for eager
+// calls, whose thread waits for that op alone: the engine uses it to tell ranks stuck in
+// mismatched calls from ranks that are merely late.
 #include <string>
 #include <vector>
 
@@ -91,7 +93,9 @@ const bool kFusionBuffersRegistered = [] {
 // Shared by every collective kernel: name resolution, request building, completion.
 class CollectiveKernel : public AsyncOpKernel {
  public:
-  CollectiveKernel(OpKernelConstruction* ctx, OpKind kind) : AsyncOpKernel(ctx), kind_(kind) {}
+  CollectiveKernel(OpKernelConstruction* ctx, OpKind kind) : AsyncOpKernel(ctx), kind_(kind) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("blocking", &blocking_));
+  }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
@@ -99,6 +103,7 @@ class CollectiveKernel : public AsyncOpKernel {
     // Eager calls pass a per-call name; inside a graph the node name identifies the call.
     const std::string given(ctx->input(ctx->num_inputs() - 1).scalar<::tensorflow::tstring>()());
     request.name = given.empty() ? name() : given;
+    request.blocking = blocking_;
     std::vector<const void*> inputs;
     std::vector<void*> outputs;
     absl::Status status = Prepare(ctx, &request, &inputs, &outputs);
@@ -166,6 +171,7 @@ class CollectiveKernel : public AsyncOpKernel {
 
  private:
   OpKind kind_;
+  bool blocking_ = false;
 };
 
 // Inputs end with (..., prescale_factor, postscale_factor, tensor_name). The factors are
@@ -291,6 +297,7 @@ absl::Status UnknownFirstDim(InferenceContext* c) {
 #define KD_ANY "{uint8, int8, int32, int64, half, bfloat16, float, double, bool}"
 
 REGISTER_OP("KerasdistAllreduce")
+    .Attr("blocking: bool = false")
     .Attr("T: list(" KD_NUMERIC ")")
     .Attr("reduce_op: int")
     .Input("tensors: T")
@@ -303,6 +310,7 @@ REGISTER_OP("KerasdistAllreduce")
     .Doc("Reduces each tensor across ranks as one negotiation and fusion unit.");
 
 REGISTER_OP("KerasdistAllgather")
+    .Attr("blocking: bool = false")
     .Attr("T: " KD_ANY)
     .Input("tensor: T")
     .Input("tensor_name: string")
@@ -312,6 +320,7 @@ REGISTER_OP("KerasdistAllgather")
     .Doc("Concatenates every rank's tensor along dim 0, in rank order.");
 
 REGISTER_OP("KerasdistBroadcast")
+    .Attr("blocking: bool = false")
     .Attr("T: " KD_ANY)
     .Attr("root_rank: int")
     .Input("tensor: T")
@@ -322,6 +331,7 @@ REGISTER_OP("KerasdistBroadcast")
     .Doc("Every rank receives root_rank's tensor.");
 
 REGISTER_OP("KerasdistReducescatter")
+    .Attr("blocking: bool = false")
     .Attr("T: " KD_NUMERIC)
     .Attr("reduce_op: int")
     .Input("tensor: T")
@@ -334,6 +344,7 @@ REGISTER_OP("KerasdistReducescatter")
     .Doc("Reduces across ranks; each rank keeps its dim-0 shard (lower ranks take the remainder).");
 
 REGISTER_OP("KerasdistAlltoall")
+    .Attr("blocking: bool = false")
     .Attr("T: " KD_ANY)
     .Input("tensor: T")
     .Input("splits: int32")
