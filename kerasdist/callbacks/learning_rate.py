@@ -1,6 +1,7 @@
 """Learning-rate warmup and schedules for large global batches (Goyal et al. 2017)."""
 
 import math
+import numbers
 
 import keras
 
@@ -148,8 +149,11 @@ class LearningRateWarmup(_LearningRateCallback):
     def __init__(self, warmup_epochs=5, scaling="linear", initial_lr=None, steps_per_epoch=None,
                  momentum_correction=True, verbose=0):
         super().__init__(initial_lr, scaling, steps_per_epoch, momentum_correction, verbose)
-        if warmup_epochs <= 0:
-            raise ValueError(f"warmup_epochs={warmup_epochs!r} must be > 0")
+        if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, numbers.Real):
+            raise TypeError(f"warmup_epochs={warmup_epochs!r} must be a number of epochs (fractions allowed), "
+                            f"not a {type(warmup_epochs).__name__}")
+        if not (math.isfinite(warmup_epochs) and warmup_epochs > 0):
+            raise ValueError(f"warmup_epochs={warmup_epochs!r} must be a finite number of epochs > 0")
         self.warmup_epochs = warmup_epochs
 
     def rate_at(self, epoch, batch):
@@ -158,7 +162,9 @@ class LearningRateWarmup(_LearningRateCallback):
         return self.initial_lr * (1.0 + (batch_scale(self.model.optimizer, self.scaling) - 1.0) * progress)
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self._epoch * self.steps_per_epoch + batch <= self.warmup_epochs * self.steps_per_epoch:
+        # Up to and including the first step whose progress reaches 1, so the scaled rate is set
+        # even when warmup_epochs × steps per epoch is not a whole number of steps.
+        if self._epoch * self.steps_per_epoch + batch <= math.ceil(self.warmup_epochs * self.steps_per_epoch):
             self._set_lr(self.rate_at(self._epoch, batch))
 
 

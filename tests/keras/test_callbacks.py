@@ -179,6 +179,22 @@ def test_warmup_rates_follow_the_formula_with_momentum_correction(scaling):
     np.testing.assert_allclose(probe.velocity_ratios, expected_ratios, rtol=1e-5)
 
 
+@pytest.mark.parametrize("warmup_epochs", [0.3, 0.001, 1.5])
+def test_warmup_reaches_the_scaled_rate_when_its_steps_are_not_a_whole_number(warmup_epochs):
+    base_lr, steps, epochs = 0.01, 16, 2
+    model = classifier()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="sparse_categorical_crossentropy")
+    x, y = shard_of_unequal_size(RANK, seed=18)
+    x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
+    probe = LearningRateProbe()
+    model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs), probe])
+    warmup_steps = warmup_epochs * steps
+    expected = [base_lr * (1 + (SIZE - 1) * min(1.0, step / warmup_steps)) for step in range(epochs * steps)]
+    np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
+    assert probe.rates[-1] == pytest.approx(base_lr * SIZE, rel=1e-6)
+
+
 def test_schedule_multiplies_the_scaled_rate_within_its_epochs():
     base_lr = 0.02
     model = classifier()
@@ -207,6 +223,14 @@ def test_bad_callback_arguments_are_named():
         LearningRateWarmup(scaling="cubic")
     with pytest.raises(ValueError, match="warmup_epochs=0"):
         LearningRateWarmup(warmup_epochs=0)
+    for not_finite in (math.nan, math.inf):
+        with pytest.raises(ValueError, match=f"warmup_epochs={not_finite} must be a finite number"):
+            LearningRateWarmup(warmup_epochs=not_finite)
+        with pytest.raises(ValueError, match="warmup_epochs="):
+            kd.callbacks(warmup_epochs=not_finite)
+    for not_a_number in ("3", None, True):
+        with pytest.raises(TypeError, match=f"warmup_epochs={not_a_number!r} must be a number of epochs"):
+            LearningRateWarmup(warmup_epochs=not_a_number)
 
 
 @pytest.mark.skipif(SIZE == 1, reason="needs ranks that disagree")
