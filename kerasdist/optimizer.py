@@ -5,10 +5,11 @@ Gradients are reduced across ranks before the wrapped optimizer sees them, so it
 loss-scale checks, weight decay and layer-wise trust ratios all act on the global gradient.
 """
 
+import sys
+
 import keras
 import tensorflow as tf
 from keras.src.utils import tracking
-from tensorflow.python.ops import control_flow_util
 
 from kerasdist import ops, runtime
 from kerasdist.noise_scale import GradientNoiseScale
@@ -33,17 +34,6 @@ def _gradient_op_name(op):
         if op == known or op == name:
             return name
     raise ValueError(f"op={op!r}: gradients can be combined with kerasdist.Average or kerasdist.Sum only")
-
-
-def _refuse_xla(where):
-    """Our ops have no XLA kernels: fail at trace time with a fix, not deep inside XLA."""
-    if not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(
-            tf.compat.v1.get_default_graph()):
-        raise ValueError(
-            f"{where} runs inside an XLA-compiled function (jit_compile=True), but kerasdist's "
-            "collectives have no XLA kernels. Compile the model with jit_compile=False (the "
-            "callbacks from kerasdist.callbacks() do this for model.fit), or drop jit_compile=True "
-            "from your tf.function.")
 
 
 def reduce_gradients(grads, op=ops.Average, compression=ops.Compression.none, sparse_as_dense=False):
@@ -128,6 +118,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def __init__(self, optimizer, op=ops.Average, compression=ops.Compression.none, backward_passes_per_step=1,
                  sparse_as_dense=False, gradient_noise_scale=None, name=None, **kwargs):
         runtime.init()  # here, not at the first apply(): that runs inside a traced function
+        if not isinstance(optimizer, (str, dict, keras.optimizers.Optimizer)):
+            raise TypeError(f"DistributedOptimizer(optimizer={optimizer!r}): expected a keras.optimizers.Optimizer "
+                            "to wrap, e.g. keras.optimizers.SGD(0.01), or an optimizer's name such as 'sgd'")
         optimizer = keras.optimizers.get(optimizer)
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already a kerasdist.DistributedOptimizer; wrap it once")
@@ -234,7 +227,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self.inner_optimizer.finalize_variable_values(var_list)
 
     def apply(self, grads, trainable_variables=None):
-        _refuse_xla("DistributedOptimizer.apply")
+        ops._refuse_xla("DistributedOptimizer.apply")
         if not self.built:
             if trainable_variables is None:
                 raise ValueError("pass trainable_variables to the first apply() (or build the optimizer)")
@@ -261,16 +254,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def _reduce_and_apply(self, grads, trainable_variables, micro_batches=1, micro_batch_sq_norm=None):
         noise = self.gradient_noise_scale
         if noise is None:
-            self.inner_optimizer.apply(reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense),
-                                       trainable_variables)
-            return
-        if micro_batch_sq_norm is None:
-            micro_batch_sq_norm = _squared_norm(grads)
-        reduced, (mean_micro_batch_sq_norm,) = _reduce(grads, self.op, self.compression, self.sparse_as_dense,
-                                                       statistics=[micro_batch_sq_norm])
-        noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced),
-                     big_over_small=runtime.state().size * micro_batches)
-        self.inner_optimizer.apply(reduced, trainable_variables)
+            reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
+        else:
+            if micro_batch_sq_norm is None:
+                micro_batch_sq_norm = _squared_norm(grads)
+            reduced, (mean_micro_batch_sq_norm,) = _reduce(grads, self.op, self.compression, self.sparse_as_dense,
+                                                           statistics=[micro_batch_sq_norm])
+            noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced),
+                         big_over_small=runtime.state().size * micro_batches)
+        with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, trainable_variables)):
+            self.inner_optimizer.apply(reduced, trainable_variables)
 
     def _accumulate(self, grads, trainable_variables):
         present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
@@ -338,6 +331,50 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         return cls(inner, gradient_noise_scale=None if noise is None else GradientNoiseScale(**noise), **config)
 
 
+_DIFFERENT_WEIGHTS = (
+    "kerasdist: the ranks held different trainable weights at the first update, so each would have "
+    "trained its own model; rank 0's weights were broadcast to every rank first. Nothing broadcast rank "
+    "0's state before training (for model.fit, pass callbacks=kerasdist.callbacks(); in a custom loop, "
+    "call kerasdist.broadcast_variables(model.variables, root_rank=0) once they exist), or the model "
+    "was not built when training started.")
+
+
+def _same_weights_at_the_first_update(iterations, variables):
+    """Control dependencies that make every rank's weights rank 0's before the first update.
+
+    Ranks initialise their weights independently: without a broadcast of rank 0's state they
+    would each train their own model, with no error. At the first update (`iterations` 0), one
+    allgather of exact checksums tells whether the ranks agree; if not, rank 0's trainable
+    weights are broadcast and rank 0 says so. Every rank sees the same gathered checksums, so
+    every rank takes the same branch.
+    """
+    if runtime.state().size == 1 or not variables:
+        return []
+
+    def check():
+        checksums = ops.allgather(tf.stack([_checksum(v) for v in variables])[tf.newaxis])
+        differ = tf.reduce_any(tf.not_equal(checksums, checksums[:1]))
+
+        def broadcast():
+            ops.broadcast_variables(variables, root_rank=0)
+            if runtime.state().rank == 0:
+                tf.print(_DIFFERENT_WEIGHTS, output_stream=sys.stderr)
+            return tf.constant(True)
+
+        return tf.cond(differ, broadcast, lambda: tf.constant(False))
+
+    return [tf.cond(tf.equal(iterations, 0), check, lambda: tf.constant(False))]
+
+
+def _checksum(variable):
+    """The sum of a variable's bit patterns, exact: ranks holding equal values get equal sums
+    whatever order their reductions add in (a float sum could differ in its last bits)."""
+    value = tf.convert_to_tensor(variable)
+    if value.dtype.is_floating:  # float64 becomes pairs of int32
+        value = tf.bitcast(value, tf.int16 if value.dtype.size == 2 else tf.int32)
+    return tf.reduce_sum(tf.cast(value, tf.int64))
+
+
 def _check_backward_passes(value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"backward_passes_per_step={value!r} must be an integer >= 1")
@@ -383,7 +420,7 @@ class DistributedGradientTape:
 
     def gradient(self, target, sources, output_gradients=None,
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
-        _refuse_xla("DistributedGradientTape.gradient")
+        ops._refuse_xla("DistributedGradientTape.gradient")
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
         reduced = reduce_gradients(flat, self._op, self._compression, self._sparse_as_dense)

@@ -98,6 +98,34 @@ def test_ranks_that_start_from_different_weights_end_equal_and_follow_rank_0():
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
 
 
+@pytest.mark.parametrize("passes", [1, 2])
+def test_without_a_broadcast_the_first_update_gives_every_rank_rank_0s_weights_and_says_so(capfd, passes):
+    x, y = global_data(STEPS, SIZE * passes * PER_RANK_BATCH)
+    model = make_model(seed=200 + RANK)  # every rank initialises differently, and nothing broadcasts
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=passes), loss="mse")
+    model.fit(this_ranks_rows(x, PER_RANK_BATCH, passes), this_ranks_rows(y, PER_RANK_BATCH, passes),
+              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0)
+
+    every_ranks = kd.allgather_object(model.get_weights())
+    for weights in every_ranks[1:]:
+        assert max_difference(weights, every_ranks[0]) == 0.0
+    warned = "different trainable weights at the first update" in capfd.readouterr().err
+    assert warned == (SIZE > 1 and RANK == 0)
+
+
+def test_ranks_that_start_equal_are_left_alone_without_a_warning(capfd):
+    x, y = global_data(STEPS, SIZE * PER_RANK_BATCH)
+    model = make_model()  # the same seed on every rank
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
+    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
+              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0)
+    assert "different trainable weights" not in capfd.readouterr().err
+    reference = make_model()
+    reference.compile(keras.optimizers.SGD(0.05), loss="mse")
+    reference.fit(x, y, batch_size=SIZE * PER_RANK_BATCH, shuffle=False, verbose=0)
+    assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
+
+
 def test_embedding_gradients_are_gathered_and_equal_the_global_batch():
     rng = np.random.default_rng(3)
     global_batch = SIZE * PER_RANK_BATCH
@@ -230,6 +258,12 @@ def test_keras_file_round_trip_keeps_the_optimizer_state(tmp_path):
 def test_bad_arguments_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         kd.DistributedOptimizer(keras.optimizers.SGD(0.1), **bad)
+
+
+@pytest.mark.parametrize("not_an_optimizer", [None, 0.01, keras.layers.Dense(1)], ids=["none", "float", "layer"])
+def test_something_that_is_not_an_optimizer_is_named(not_an_optimizer):
+    with pytest.raises(TypeError, match=r"DistributedOptimizer\(optimizer=.*expected a keras.optimizers.Optimizer"):
+        kd.DistributedOptimizer(not_an_optimizer)
 
 
 def test_wrapping_twice_is_refused():
