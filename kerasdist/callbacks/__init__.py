@@ -41,8 +41,8 @@ def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scalin
         warmup_epochs: > 0 adds `LearningRateWarmup(warmup_epochs, scaling)`.
         scaling: learning-rate scaling rule for the warmup: "linear", "sqrt" or "none".
         checkpoint_dir: adds `Rank0Checkpoint(checkpoint_dir, resume=..., monitor=...,
-            save_best_only=...)`. Every rank must call this function then (resume looks up the
-            latest checkpoint collectively).
+            save_best_only=...)`. With `resume=True` every rank must call this function (resume
+            looks up the latest checkpoint collectively).
         tensorboard_dir: `keras.callbacks.TensorBoard(tensorboard_dir)` on `root_rank`.
         csv_path: `keras.callbacks.CSVLogger(csv_path)` on `root_rank`.
         batch_growth: an `AdaptiveBatchGrowth`, or a dict of its arguments, e.g.

@@ -7,7 +7,9 @@ import os
 import tempfile
 import warnings
 import zipfile
+import zlib
 
+import tensorflow as tf
 from keras.src.callbacks.monitor_callback import MonitorCallback
 from keras.src.utils import io_utils
 
@@ -52,11 +54,17 @@ class Rank0Checkpoint(MonitorCallback):
     as well says so explicitly. The best monitored value is restored too, so `save_best_only`
     goes on comparing against the best value of the interrupted run.
 
-    The constructor is a collective: every rank must construct the callback, with the same
-    arguments except `directory`, which only `root_rank` uses. (Unlike with Horovod's recipe, do
-    not create it on rank 0 alone.) A directory `root_rank` cannot create or write to, or a
-    checkpoint it cannot load, raises the same error on every rank instead of leaving the other
-    ranks waiting.
+    Without `resume`, nothing here is a collective: build it on every rank, or on `root_rank`
+    alone as Horovod's recipe does (`if rank == 0: callbacks.append(...)`). A directory
+    `root_rank` cannot create or write to then raises there, at construction. With
+    `resume=True` the constructor is a collective: every rank must construct it (with the same
+    arguments except `directory`, which only `root_rank` uses), since every rank must learn the
+    epoch to continue from; built on one rank only, it fails within seconds
+    (`KERASDIST_MISMATCH_TIMEOUT_S`) once the other ranks wait in a collective of their own. A
+    directory `root_rank` cannot use, or a checkpoint it cannot load, then raises the same error
+    on every rank instead of leaving the others waiting. If the latest checkpoint is damaged (a
+    truncated copy, a full disk), resuming warns and continues from the newest intact one the
+    record keeps.
 
     Args:
         directory: where `root_rank` writes checkpoints; created if needed.
@@ -80,10 +88,12 @@ class Rank0Checkpoint(MonitorCallback):
         resumed_from: the `SavedCheckpoint` resumed from, or `None`.
 
     Raises:
-        ValueError: on every rank, for a `filename` that is not a plain `.keras` file name, a
-            `keep_last` below 1 or a `root_rank` outside the job.
-        OSError: on every rank, when `root_rank` cannot create or write to `directory`, or
-            `resume=True` finds a checkpoint record that names a missing or foreign file.
+        ValueError: for a `filename` that is not a plain `.keras` file name, a `keep_last` below
+            1 or a `root_rank` outside the job; with `resume=True`, on every rank, for a record
+            (`checkpoint_state.json`) that is not one Rank0Checkpoint wrote.
+        OSError: on `root_rank` (on every rank with `resume=True`) when `root_rank` cannot create
+            or write to `directory`; with `resume=True`, when the record names a missing latest
+            checkpoint or no checkpoint it names can be read.
 
     Example:
 
@@ -127,13 +137,27 @@ class Rank0Checkpoint(MonitorCallback):
         self.verbose = verbose
         self._is_root = world.rank == root_rank
 
-        latest, kept = on_root_for_every_rank(self._prepare_directory, root_rank)
-        self.resumed_from = latest if resume else None
-        self.initial_epoch = latest.epoch if self.resumed_from else 0
-        self._kept = kept if self.resumed_from else []
-        if self.resumed_from and save_best_only and latest.monitor == monitor:
+        latest, kept = None, []
+        if resume:
+            # Every rank must learn the epoch to continue from: a collective, under a name of its own
+            # so that a constructor run on one rank only fails as a mismatch naming it.
+            try:
+                latest, kept = on_root_for_every_rank(self._prepare_directory, root_rank,
+                                                      name="Rank0Checkpoint(resume=True)")
+            except tf.errors.FailedPreconditionError as error:
+                raise RuntimeError(
+                    "Rank0Checkpoint(resume=True) is a collective: construct it on every rank, not only "
+                    f"under `if rank == {root_rank}:` (every rank must learn the epoch to resume from; only "
+                    f"rank {root_rank} writes). Without resume it may be built on rank {root_rank} alone. "
+                    f"[{error.message}]") from None
+        elif self._is_root:
+            self._prepare_directory()  # without resume nothing is shared: no collective here
+        self.resumed_from = latest
+        self.initial_epoch = latest.epoch if latest else 0
+        self._kept = kept if latest else []
+        if latest and save_best_only and latest.monitor == monitor:
             self.best = latest.best
-        self._restore_pending = self.resumed_from is not None
+        self._restore_pending = latest is not None
         self._set_initial_epoch = False
 
     @staticmethod
@@ -141,7 +165,8 @@ class Rank0Checkpoint(MonitorCallback):
         """The newest complete checkpoint in `directory` as a `SavedCheckpoint`, or `None`.
 
         Reads the directory directly (no collective): call it where the directory is visible.
-        Raises `FileNotFoundError` when the record names a checkpoint that was deleted since.
+        A damaged latest checkpoint gives way, with a warning, to the newest intact one.
+        Raises `FileNotFoundError` when the record names a latest checkpoint deleted since.
         """
         return _read_latest(os.fspath(directory))[0]
 
@@ -266,26 +291,65 @@ def _format_filename(filename, epoch, logs):
 
 
 def _read_latest(directory):
-    """(SavedCheckpoint of the latest checkpoint or None, names of the kept checkpoints)."""
-    try:
-        with open(os.path.join(directory, STATE_FILENAME)) as file:
-            state = json.load(file)
-    except FileNotFoundError:
+    """(SavedCheckpoint of the newest intact checkpoint or None, names of the kept checkpoints).
+
+    A latest checkpoint that is damaged (say a disk filled up while it was written, or it was
+    truncated by a copy) gives way, with a warning, to the newest intact one the record keeps.
+    """
+    record_path = os.path.join(directory, STATE_FILENAME)
+    record = _read_record(record_path)
+    if record is None:
         return None, []
-    path = os.path.join(directory, state["latest"])
+    latest = record["latest"]
+    damaged = []
+    for name in [latest] + [kept for kept in reversed(record["kept"]) if kept != latest]:
+        path = os.path.join(directory, name)
+        try:
+            with zipfile.ZipFile(path) as archive:
+                corrupt_entry = archive.testzip()  # reads every entry against its CRC
+                if corrupt_entry is not None:
+                    raise zipfile.BadZipFile(f"{corrupt_entry} fails its CRC check")
+                metadata = json.loads(archive.read(METADATA_ENTRY))
+            checkpoint = SavedCheckpoint(path, metadata["epoch"], metadata["monitor"], metadata["best"])
+        except FileNotFoundError:
+            if name != latest:
+                continue  # an older one deleted by hand: nothing to fall back to there
+            raise FileNotFoundError(f"{record_path} names {path} as the latest checkpoint, but it is missing; "
+                                    "put it back, or delete the record to start afresh") from None
+        except (KeyError, TypeError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
+            damaged.append(f"{path} ({type(error).__name__}: {error})")
+            continue
+        if damaged:
+            warnings.warn(f"Rank0Checkpoint: {' and '.join(damaged)} cannot be read as a checkpoint written by "
+                          f"Rank0Checkpoint; using the newest intact one, {path} (epoch {checkpoint.epoch})",
+                          stacklevel=3)
+        return checkpoint, record["kept"][:record["kept"].index(name) + 1] if name in record["kept"] else [name]
+    raise OSError(f"no checkpoint recorded in {record_path} can be read: {'; '.join(damaged)}. Each must be a "
+                  "checkpoint written by Rank0Checkpoint; delete the record to start afresh")
+
+
+def _read_record(path):
+    """The checkpoint record {"latest": name, "kept": [names]}, or None when there is none."""
     try:
-        with zipfile.ZipFile(path) as archive:
-            metadata = json.loads(archive.read(METADATA_ENTRY))
+        with open(path) as file:
+            record = json.load(file)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{os.path.join(directory, STATE_FILENAME)} names {path} as the latest checkpoint, "
-                                "but it is missing; put it back, or delete the record to start afresh") from None
-    except (KeyError, zipfile.BadZipFile) as error:
-        raise OSError(f"{path} is not a checkpoint written by Rank0Checkpoint ({error})") from None
-    return SavedCheckpoint(path, metadata["epoch"], metadata["monitor"], metadata["best"]), state["kept"]
+        return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        record, reason = None, f"{type(error).__name__}: {error}"
+    else:
+        reason = "it lacks 'latest' or 'kept'"
+    valid = (isinstance(record, dict) and isinstance(record.get("latest"), str)
+             and isinstance(record.get("kept"), list) and all(isinstance(name, str) for name in record["kept"]))
+    if not valid:
+        raise ValueError(f"{path} is not a checkpoint record written by Rank0Checkpoint ({reason}); restore it, "
+                         "or delete it to start afresh")
+    return record
 
 
-def on_root_for_every_rank(function, root_rank):
-    """Runs `function` on `root_rank` only; every rank returns its result, or raises its error."""
+def on_root_for_every_rank(function, root_rank, name=None):
+    """Runs `function` on `root_rank` only; every rank returns its result, or raises its error.
+    `name` names the collective that shares the outcome (as for `kerasdist.broadcast_object`)."""
     result, failure = None, None
     if runtime.state().rank == root_rank:
         try:
@@ -293,7 +357,7 @@ def on_root_for_every_rank(function, root_rank):
         except Exception as error:  # noqa: BLE001 - handed to every rank, then raised
             failure = error
     shared = ops.broadcast_object(
-        (result, None if failure is None else (type(failure).__name__, str(failure))), root_rank)
+        (result, None if failure is None else (type(failure).__name__, str(failure))), root_rank, name=name)
     if failure is not None:
         raise failure
     result, failure_text = shared

@@ -1,7 +1,7 @@
 """Rank0Checkpoint: one writer, no collective while saving, Keras's save_best_only rules, resume.
 
-Every rank runs every test, so the collective constructor and restore are exercised at the size
-the suite runs at. The ranks share one temporary directory (rank 0 makes it and broadcasts its
+Every rank runs every test, so the collective constructor (with resume) and the restore are
+exercised at the size the suite runs at. The ranks share one temporary directory (rank 0 makes it and broadcasts its
 path). Rank r trains on rows r, r + SIZE, ... of one data set with a DistributedOptimizer, so
 ranks end up equal only if gradients are averaged and restored state reaches every rank. Expected
 behaviour comes from plain Keras (ModelCheckpoint, an uninterrupted fit), not from the callback.
@@ -16,6 +16,7 @@ from pathlib import Path
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kerasdist as kd
 from kerasdist import ops, runtime
@@ -27,6 +28,7 @@ kd.init()
 RANK, SIZE = kd.rank(), kd.size()
 ROWS, FEATURES, BATCH = 48, 4, 8
 STEPS_PER_EPOCH = -(-len(range(RANK, ROWS, SIZE)) // BATCH)
+needs_two_ranks = pytest.mark.skipif(SIZE < 2, reason="needs at least 2 ranks (run under mpiexec -n 2)")
 
 
 @pytest.fixture
@@ -302,23 +304,95 @@ def test_a_crash_before_the_save_is_recorded_leaves_a_latest_whose_epoch_matches
     assert iterations(keras.saving.load_model(latest.path)) == latest.epoch
 
 
-def test_a_root_that_cannot_use_the_directory_fails_every_rank_with_the_same_error(shared_dir):
+def test_without_resume_the_root_alone_checks_the_directory_and_no_collective_runs(shared_dir, monkeypatch):
+    not_a_directory = shared_dir / "a_file"
+    if RANK == 0:
+        not_a_directory.write_text("")
+    kd.barrier()
+    with collectives_forbidden(monkeypatch):
+        if RANK == 0:
+            with pytest.raises(FileExistsError, match="cannot write checkpoints to .*a_file.*not a directory"):
+                Rank0Checkpoint(not_a_directory)
+        else:
+            Rank0Checkpoint(not_a_directory)  # only rank 0 ever touches it
+
+
+def test_with_resume_a_root_that_cannot_use_the_directory_fails_every_rank_with_the_same_error(shared_dir):
     not_a_directory = shared_dir / "a_file"
     if RANK == 0:
         not_a_directory.write_text("")
     kd.barrier()
     with pytest.raises(FileExistsError, match="cannot write checkpoints to .*a_file.*not a directory"):
-        Rank0Checkpoint(not_a_directory)
+        Rank0Checkpoint(not_a_directory, resume=True)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write to any directory")
-def test_an_unwritable_directory_fails_every_rank(shared_dir):
+def test_with_resume_an_unwritable_directory_fails_every_rank(shared_dir):
     read_only = shared_dir / "read_only"
     if RANK == 0:
         read_only.mkdir(mode=0o500)
     kd.barrier()
     with pytest.raises(PermissionError, match="cannot write checkpoints"):
-        Rank0Checkpoint(read_only)
+        Rank0Checkpoint(read_only, resume=True)
+
+
+def test_built_on_the_root_alone_as_horovod_scripts_do_it_saves_and_later_collectives_pair(shared_dir):
+    model = make_model()
+    callbacks = kd.callbacks()
+    if RANK == 0:
+        callbacks.append(Rank0Checkpoint(shared_dir))
+    fit(model, epochs=2, callbacks=callbacks)
+    assert kd.broadcast_object("hello" if RANK == 0 else None) == "hello"
+    if RANK == 0:
+        assert Rank0Checkpoint.latest(shared_dir).epoch == 2
+
+
+@needs_two_ranks
+def test_resume_built_on_the_root_alone_fails_every_rank_naming_the_fix(shared_dir):
+    error = None
+    try:
+        if RANK == 0:
+            Rank0Checkpoint(shared_dir, resume=True)
+        kd.broadcast_object("the other ranks moved on")
+    except Exception as caught:  # noqa: BLE001 - asserted below
+        error = caught
+    assert kd.allgather_object("in step") == ["in step"] * SIZE
+    if RANK == 0:
+        assert isinstance(error, RuntimeError), repr(error)
+        assert "Rank0Checkpoint(resume=True) is a collective: construct it on every rank" in str(error)
+    else:
+        assert isinstance(error, tf.errors.FailedPreconditionError), repr(error)
+        assert "rank 0 waits in 'Rank0Checkpoint(resume=True)'" in error.message
+
+
+def test_a_record_that_is_not_json_is_named_on_every_rank(shared_dir):
+    if RANK == 0:
+        (shared_dir / STATE_FILENAME).write_text("{not json")
+    kd.barrier()
+    with pytest.raises(ValueError, match=f"{STATE_FILENAME} is not a checkpoint record written by Rank0Checkpoint"):
+        Rank0Checkpoint(shared_dir, resume=True)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped_byte"])
+def test_resume_from_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact_one(shared_dir, damage):
+    fit(make_model(), epochs=3, callbacks=[Rank0Checkpoint(shared_dir)])
+    if RANK == 0:
+        latest = shared_dir / "epoch0003.keras"
+        data = latest.read_bytes()
+        if damage == "truncated":
+            latest.write_bytes(data[:len(data) // 2])
+        else:  # inside the first stored entry: its CRC no longer matches
+            middle = len(data) // 4
+            latest.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+    kd.barrier()
+    with pytest.warns(UserWarning, match="epoch0003.keras .*cannot be read.*newest intact one.*epoch0002.keras") \
+            if RANK == 0 else contextlib.nullcontext():
+        checkpoint = Rank0Checkpoint(shared_dir, resume=True)
+    assert checkpoint.initial_epoch == 2
+
+    resumed = make_model(seed=5)
+    fit(resumed, epochs=3, callbacks=[checkpoint])
+    assert iterations(resumed) == 3 * STEPS_PER_EPOCH
 
 
 def test_a_checkpoint_of_another_model_fails_every_rank_when_fit_starts(shared_dir):
