@@ -61,11 +61,19 @@ Average, Sum, Min, Max, Product = ReduceOp.AVERAGE, ReduceOp.SUM, ReduceOp.MIN, 
 class _Cast:
     """Sends float32/float64 tensors in a 16-bit dtype and restores their own afterwards.
 
-    16-bit tensors pass unchanged: float16 through bf16 would lose precision, not bytes.
+    An allreduce leaves the conversions to the engine, which does them while packing and
+    unpacking (vectorised, the averaging folded in) and sums in float32; gathered values (the
+    `IndexedSlices` of an embedding gradient) are cast here. 16-bit tensors pass unchanged:
+    float16 through bf16 would lose precision, not bytes.
     """
 
-    def __init__(self, wire_dtype):
+    def __init__(self, wire_dtype, engine_dtype):
         self.wire_dtype = wire_dtype
+        self._engine_dtype = engine_dtype  # the engine's DataType value (common.h)
+
+    def wire_dtypes(self, count):
+        """The allreduce op's `wire_dtypes` attribute for `count` tensors."""
+        return [self._engine_dtype] * count
 
     def compress(self, tensor):
         if tensor.dtype in (tf.float32, tf.float64):
@@ -80,6 +88,9 @@ class _Cast:
 
 
 class _NoCompression:
+    def wire_dtypes(self, count):
+        return []
+
     def compress(self, tensor):
         return tensor, None
 
@@ -94,8 +105,8 @@ class Compression:
     """Wire formats for allreduce: ``none``, ``fp16`` or ``bf16`` (floats only)."""
 
     none = _NoCompression()
-    fp16 = _Cast(tf.float16)
-    bf16 = _Cast(tf.bfloat16)
+    fp16 = _Cast(tf.float16, engine_dtype=4)
+    bf16 = _Cast(tf.bfloat16, engine_dtype=5)
 
 
 _calls_per_site = collections.defaultdict(itertools.count)
@@ -215,6 +226,13 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
         >>> float(a[0]) == kerasdist.size()
         True
     """
+    return _allreduce_group(tensors, op, name, prescale_factor, postscale_factor,
+                            compression.wire_dtypes(len(tensors)))
+
+
+def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_dtypes):
+    """`grouped_allreduce` with each tensor's wire format given: the first `len(wire_dtypes)`
+    float32/float64 tensors travel compressed, the rest as they are."""
     _refuse_xla("kerasdist.grouped_allreduce")
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -222,11 +240,9 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
     name = _tensor_name("allreduce", name)
     op = _check_reduce_op(op, _OpKind.ALLREDUCE, name)
     _check_dtypes("allreduce", _OpKind.ALLREDUCE, name, tensors, _REDUCIBLE_DTYPES)
-    compressed, originals = zip(*(compression.compress(t) for t in tensors))
-    reduced = _ops().kerasdist_allreduce(
-        list(compressed), _scale(prescale_factor), _scale(postscale_factor),
-        tensor_name=name, reduce_op=int(op), blocking=tf.executing_eagerly())
-    return [compression.decompress(t, d) for t, d in zip(reduced, originals)]
+    return _ops().kerasdist_allreduce(
+        tensors, _scale(prescale_factor), _scale(postscale_factor), tensor_name=name, reduce_op=int(op),
+        blocking=tf.executing_eagerly(), wire_dtypes=wire_dtypes)
 
 
 @_not_autographed

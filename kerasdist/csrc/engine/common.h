@@ -52,7 +52,11 @@ std::string ShapeString(const Shape& shape);
 struct TensorSpec {
   DataType dtype = DataType::kFloat32;
   Shape shape;
-  bool operator==(const TensorSpec& o) const { return dtype == o.dtype && shape == o.shape; }
+  // What travels: `dtype` itself, or float16/bfloat16 for a compressed float32/float64 allreduce
+  // (converted on the way in and back on the way out). Set it whenever `dtype` is set.
+  DataType wire = DataType::kFloat32;
+  bool compressed() const { return wire != dtype; }
+  bool operator==(const TensorSpec& o) const { return dtype == o.dtype && shape == o.shape && wire == o.wire; }
 };
 
 // What one rank asks for. Every rank must send an equal Request for the same name, except

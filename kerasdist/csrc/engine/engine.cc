@@ -9,6 +9,7 @@
 
 #include <sys/mman.h>
 
+#include "kernels.h"
 #include "mpi_backend.h"
 #include "wire.h"
 
@@ -74,6 +75,9 @@ int64_t RowElements(const Shape& shape) {
 
 bool FitsInt(int64_t v) { return v <= INT_MAX; }
 
+// Sum and Average combine alike (Average divides afterwards), so they share fused calls.
+ReduceOp CombiningOp(ReduceOp op) { return op == ReduceOp::kAverage ? ReduceOp::kSum : op; }
+
 // Fusion buffers live long, like NumPy's large arrays, and get transparent huge pages the same
 // way where the kernel grants them on request: MPI's shared-memory transfers pin every page
 // they touch, and 2 MiB pages make that cheaper.
@@ -86,8 +90,8 @@ void AdviseHugePages(char* data, size_t size) {
 #endif
 }
 
-size_t FusedBytes(const TensorSpec& spec) {
-  size_t bytes = NumElements(spec.shape) * DataTypeSize(spec.dtype);
+size_t FusedBytes(const TensorSpec& spec) {  // in the fusion buffer, as it travels
+  size_t bytes = NumElements(spec.shape) * DataTypeSize(spec.wire);
   return (bytes + kFusedAlignment - 1) / kFusedAlignment * kFusedAlignment;
 }
 
@@ -729,7 +733,11 @@ Response Engine::Validate(const std::string& name, const std::vector<std::unique
   if (disagree(counts)) return fail("group size", counts, "Every rank must group the same tensors.");
   const Request& first = *by_rank[0];
   for (size_t t = 0; t < first.tensors.size(); ++t) {
-    auto dtypes = per_rank([&](const Request& r) { return std::string(DataTypeName(r.tensors[t].dtype)); });
+    auto dtypes = per_rank([&](const Request& r) {
+      const TensorSpec& spec = r.tensors[t];
+      return std::string(DataTypeName(spec.dtype)) +
+             (spec.compressed() ? std::string(" compressed to ") + DataTypeName(spec.wire) : "");
+    });
     if (disagree(dtypes)) return fail("dtype", dtypes, "Cast to one dtype on every rank first.");
     auto ndims = per_rank([&](const Request& r) { return "rank-" + std::to_string(r.tensors[t].shape.size()) + " tensor"; });
     if (disagree(ndims)) return fail("number of dimensions", ndims, "");
@@ -860,16 +868,15 @@ void Engine::Execute(std::vector<Ready>& ready) {
 }
 
 void Engine::RunAllreduces(const std::vector<Ready*>& ready) {
-  // Tensors that share a dtype and an MPI reduction travel together, in negotiated order.
-  std::vector<std::pair<std::pair<DataType, MPI_Op>, std::vector<std::pair<Entry*, int>>>> groups;
+  // Tensors that share a dtype and a way of combining travel together, in negotiated order.
+  std::vector<std::pair<std::pair<DataType, ReduceOp>, std::vector<std::pair<Entry*, int>>>> groups;
   std::vector<Entry*> entries;
   for (Ready* r : ready) {
     Entry* e = r->entry;
     entries.push_back(e);
     if (timeline_.enabled()) timeline_.Phase(e->request.name, "queued", e->enqueued, r->negotiated);
     for (int t = 0; t < static_cast<int>(e->request.tensors.size()); ++t) {
-      DataType dtype = e->request.tensors[t].dtype;
-      auto key = std::make_pair(dtype, ToMpiOp(e->request.reduce_op, dtype));
+      auto key = std::make_pair(e->request.tensors[t].wire, CombiningOp(e->request.reduce_op));
       auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == key; });
       if (it == groups.end()) { groups.push_back({key, {}}); it = groups.end() - 1; }
       it->second.push_back({e, t});
@@ -903,14 +910,17 @@ void Engine::RunAllreduces(const std::vector<Ready*>& ready) {
   for (Entry* e : entries) Finish(e, e->status);
 }
 
+double Engine::FinishScale(const Request& request, DataType dtype) const {
+  const bool divides = request.reduce_op == ReduceOp::kAverage && IsFloatingPoint(dtype);
+  return divides ? request.postscale / size_ : request.postscale;
+}
+
 void Engine::FinishAllreduceOutput(Entry* e, int index, void* out, int64_t count) {
   DataType dtype = e->request.tensors[index].dtype;
-  double post = e->request.postscale;
-  if (e->request.reduce_op == ReduceOp::kAverage) {
-    if (IsFloatingPoint(dtype)) post /= size_;
-    else DivideIntegersInPlace(out, count, dtype, size_);
+  if (e->request.reduce_op == ReduceOp::kAverage && !IsFloatingPoint(dtype)) {
+    DivideIntegersInPlace(out, count, dtype, size_);
   }
-  ScaleInPlace(out, count, dtype, post);
+  ScaleInPlace(out, count, dtype, FinishScale(e->request, dtype));
 }
 
 void Engine::RunAlone(Entry* e, int t) {
@@ -924,6 +934,7 @@ void Engine::RunAlone(Entry* e, int t) {
   const int64_t threshold_items = options_.fusion_threshold_bytes / static_cast<int64_t>(item_size);
   const int64_t piece = threshold_items > 0 ? std::min<int64_t>(threshold_items, INT_MAX) : INT_MAX;
   auto fail = [e](const Status& s) { if (e->status.ok()) e->status = s; };
+  if (spec.compressed()) return RunAloneCompressed(e, t);
   void* out = nullptr;
   Status s = e->allocate(t, spec.shape, &out);
   if (!s.ok()) return fail(s);
@@ -933,20 +944,60 @@ void Engine::RunAlone(Entry* e, int t) {
     ScaledCopy(out, in, count, spec.dtype, e->request.prescale);
     in = static_cast<const char*>(out);
   }
+  // 16-bit floats are combined in place, and scaled as they are combined: no pass of its own.
+  const bool halves = IsHalf(spec.dtype);
+  if (halves && in != out) {
+    std::memcpy(out, in, count * item_size);
+    in = static_cast<const char*>(out);
+  }
   const bool in_place = in == out;
   for (int64_t offset = 0; offset < count; offset += piece) {
     const size_t at = offset * item_size;
-    int code = MPI_Allreduce(in_place ? MPI_IN_PLACE : in + at, static_cast<char*>(out) + at,
-                             static_cast<int>(std::min(piece, count - offset)), ToMpiType(spec.dtype),
-                             ToMpiOp(e->request.reduce_op, spec.dtype), comm_);
+    const int n = static_cast<int>(std::min(piece, count - offset));
+    int code = halves ? AllreduceHalves(static_cast<char*>(out) + at, n, spec.dtype, e->request.reduce_op,
+                                        FinishScale(e->request, spec.dtype), comm_, &half_scratch_)
+                      : MPI_Allreduce(in_place ? MPI_IN_PLACE : in + at, static_cast<char*>(out) + at, n,
+                                      ToMpiType(spec.dtype), ToMpiOp(e->request.reduce_op, spec.dtype), comm_);
     s = MpiStatus(code, "allreduce", e->request.name);
     if (!s.ok()) return fail(s);
   }
   auto reduced = Clock::now();
-  FinishAllreduceOutput(e, t, out, count);
+  if (!halves) FinishAllreduceOutput(e, t, out, count);
   if (timeline_.enabled()) {
     timeline_.Phase(e->request.name, "allreduce", start, reduced);
     timeline_.Phase(e->request.name, "scale", reduced, Clock::now());
+  }
+}
+
+void Engine::RunAloneCompressed(Entry* e, int t) {
+  // Converted to 16 bits on the way into scratch memory, reduced there, and converted back into
+  // the output with the finishing scale: the same passes as an uncompressed tensor's copy and
+  // scale, and half the bytes on the wire.
+  const TensorSpec& spec = e->request.tensors[t];
+  const int64_t count = NumElements(spec.shape);
+  const int64_t threshold_items = options_.fusion_threshold_bytes / static_cast<int64_t>(DataTypeSize(spec.wire));
+  const int64_t piece = threshold_items > 0 ? std::min<int64_t>(threshold_items, INT_MAX) : INT_MAX;
+  auto fail = [e](const Status& s) { if (e->status.ok()) e->status = s; };
+  auto start = Clock::now();
+  compressed_scratch_.resize(count);
+  CompressCopy(compressed_scratch_.data(), spec.wire, e->inputs[t], spec.dtype, count, e->request.prescale);
+  auto reduce_start = Clock::now();
+  for (int64_t offset = 0; offset < count; offset += piece) {
+    const int n = static_cast<int>(std::min(piece, count - offset));
+    Status s = MpiStatus(AllreduceHalves(compressed_scratch_.data() + offset, n, spec.wire, e->request.reduce_op,
+                                         FinishScale(e->request, spec.dtype), comm_, &half_scratch_),
+                         "allreduce", e->request.name);
+    if (!s.ok()) return fail(s);
+  }
+  auto reduced = Clock::now();
+  void* out = nullptr;
+  Status s = e->allocate(t, spec.shape, &out);
+  if (!s.ok()) return fail(s);
+  DecompressCopy(out, spec.dtype, compressed_scratch_.data(), spec.wire, count, 1.0);
+  if (timeline_.enabled()) {
+    timeline_.Phase(e->request.name, "copy_in", start, reduce_start);
+    timeline_.Phase(e->request.name, "allreduce", reduce_start, reduced);
+    timeline_.Phase(e->request.name, "copy_out", reduced, Clock::now());
   }
 }
 
@@ -972,9 +1023,17 @@ FusionBuffer* Engine::FusionBufferFor(size_t bytes, std::unique_ptr<FusionBuffer
 
 void Engine::RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items) {
   if (items.size() == 1) return RunAlone(items[0].first, items[0].second);
-  const DataType dtype = items[0].first->request.tensors[items[0].second].dtype;
-  const MPI_Op op = ToMpiOp(items[0].first->request.reduce_op, dtype);
+  const DataType dtype = items[0].first->request.tensors[items[0].second].wire;  // what the buffer holds
+  const ReduceOp op = items[0].first->request.reduce_op;
   const size_t item_size = DataTypeSize(dtype);
+  // 16-bit floats take their scale while being combined when the whole group shares one.
+  auto finish_scale = [&](const std::pair<Entry*, int>& item) {
+    return FinishScale(item.first->request, item.first->request.tensors[item.second].dtype);
+  };
+  const double scale = finish_scale(items[0]);
+  const bool scaled_while_combined = IsHalf(dtype) && std::all_of(items.begin(), items.end(), [&](const auto& item) {
+    return finish_scale(item) == scale;
+  });
   auto fail_all = [&](const Status& s) {
     for (auto& [e, t] : items) if (e->status.ok()) e->status = s;
   };
@@ -995,22 +1054,41 @@ void Engine::RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items) {
   auto copy_in_start = Clock::now();
   for (size_t i = 0; i < items.size(); ++i) {
     auto& [e, t] = items[i];
-    const int64_t count = NumElements(e->request.tensors[t].shape);
-    ScaledCopy(data + offsets[i], e->inputs[t], count, dtype, e->request.prescale);
+    const TensorSpec& spec = e->request.tensors[t];
+    const int64_t count = NumElements(spec.shape);
+    if (spec.compressed()) {
+      CompressCopy(reinterpret_cast<uint16_t*>(data + offsets[i]), dtype, e->inputs[t], spec.dtype, count,
+                   e->request.prescale);
+    } else {
+      ScaledCopy(data + offsets[i], e->inputs[t], count, dtype, e->request.prescale);
+    }
     // Padding is reduced too: zeros keep it from holding stale NaNs or denormals.
     const size_t end = offsets[i] + count * item_size;
     std::memset(data + end, 0, offsets[i + 1] - end);
   }
   auto reduce_start = Clock::now();
-  int code = MPI_Allreduce(MPI_IN_PLACE, data, static_cast<int>(total / item_size), ToMpiType(dtype), op, comm_);
+  const int count = static_cast<int>(total / item_size);
+  int code = IsHalf(dtype) ? AllreduceHalves(data, count, dtype, op, scaled_while_combined ? scale : 1.0, comm_,
+                                             &half_scratch_)
+                           : MPI_Allreduce(MPI_IN_PLACE, data, count, ToMpiType(dtype), ToMpiOp(op, dtype), comm_);
   auto scale_start = Clock::now();
   Status reduced = MpiStatus(code, "fused allreduce", items[0].first->request.name);
   if (!reduced.ok()) return fail_all(reduced);
   for (size_t i = 0; i < items.size(); ++i) {
     auto& [e, t] = items[i];
     const TensorSpec& spec = e->request.tensors[t];
-    FinishAllreduceOutput(e, t, data + offsets[i], NumElements(spec.shape));
-    Status s = e->alias(t, buffer, offsets[i], spec.shape);
+    Status s;
+    if (spec.compressed()) {  // its own dtype is wider than the buffer's: converted out, not viewed
+      void* out = nullptr;
+      s = e->allocate(t, spec.shape, &out);
+      if (s.ok()) {
+        DecompressCopy(out, spec.dtype, reinterpret_cast<const uint16_t*>(data + offsets[i]), dtype,
+                       NumElements(spec.shape), scaled_while_combined ? 1.0 : finish_scale(items[i]));
+      }
+    } else {
+      if (!scaled_while_combined) FinishAllreduceOutput(e, t, data + offsets[i], NumElements(spec.shape));
+      s = e->alias(t, buffer, offsets[i], spec.shape);
+    }
     if (!s.ok() && e->status.ok()) e->status = s;
   }
   if (timeline_.enabled()) {
@@ -1072,6 +1150,11 @@ Status Engine::RunReducescatter(Entry* e) {
     scaled.resize(NumElements(spec.shape) * DataTypeSize(spec.dtype));
     ScaledCopy(scaled.data(), in, NumElements(spec.shape), spec.dtype, e->request.prescale);
     in = scaled.data();
+  }
+  if (IsHalf(spec.dtype)) {  // scaled as they are combined
+    return MpiStatus(ReduceScatterHalves(in, e->outputs[0], icounts, spec.dtype, e->request.reduce_op,
+                                         FinishScale(e->request, spec.dtype), comm_, &half_scratch_),
+                     "reducescatter", e->request.name);
   }
   int code = MPI_Reduce_scatter(in, e->outputs[0], icounts.data(), ToMpiType(spec.dtype),
                                 ToMpiOp(e->request.reduce_op, spec.dtype), comm_);

@@ -122,6 +122,7 @@ class Engine {
   void RunAllreduces(const std::vector<Ready*>& ready);
   void RunFusedGroup(const std::vector<std::pair<Entry*, int>>& items);
   void RunAlone(Entry* e, int index);
+  void RunAloneCompressed(Entry* e, int index);
   // A free pooled buffer, a new pooled one, or (pool full and busy) one of exactly `bytes`
   // that `transient` owns. Null if it cannot be allocated; `tried` is the size asked for.
   FusionBuffer* FusionBufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient, size_t* tried);
@@ -129,6 +130,8 @@ class Engine {
   Status RunBroadcast(Entry* e);
   Status RunReducescatter(Entry* e);
   Status RunAlltoall(Entry* e, const Response& r);
+  // What a reduced output is multiplied by: its postscale, divided by size for a float Average.
+  double FinishScale(const Request& request, DataType dtype) const;
   void FinishAllreduceOutput(Entry* e, int index, void* out, int64_t count);
   void Finish(Entry* e, const Status& status);
   void FailAllPending(const Status& status);
@@ -168,6 +171,8 @@ class Engine {
   std::map<std::string, Negotiation> table_;  // rank 0
   FusionBufferFactory fusion_buffer_factory_;
   std::vector<std::unique_ptr<FusionBuffer>> fusion_pool_;
+  std::vector<uint16_t> half_scratch_;        // what AllreduceHalves receives before combining
+  std::vector<uint16_t> compressed_scratch_;  // a large compressed tensor, as it travels
   int64_t cycles_done_ = 0;          // negotiations completed, equal on every rank
   bool in_negotiation_ = false;
   // Rank 0: since when every rank has been blocked (see kAllWaiting) with no progress.

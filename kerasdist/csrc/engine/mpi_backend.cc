@@ -1,38 +1,17 @@
 #include "mpi_backend.h"
 
-#include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <limits>
-#include <type_traits>
+#include <string>
 
-#include "half.h"
+#include "kernels.h"
 
 namespace kerasdist {
 namespace {
 
-// [0] float16, [1] bfloat16; index by ReduceOp (Average and Sum share the sum).
-MPI_Op g_half_ops[2][5];
-// Min and Max of float32 and float64: [0] float32, [1] float64; [0] Min, [1] Max.
+// Min and Max of float32 and float64: [0] float32, [1] float64; [0] Min, [1] Max. MPI's builtin
+// MIN/MAX compare with < and >, so a NaN wins or loses depending on which operand it is, and
+// ranks that combine in different orders get different answers.
 MPI_Op g_float_extrema[2][2];
 bool g_ops_created = false;
-
-// Min and Max that every rank evaluates alike. MPI's builtin MIN/MAX compare with < and >, so a
-// NaN wins or loses depending on which operand it is, and ranks that combine in different orders
-// get different answers. Here a NaN always wins (as NumPy's minimum and maximum propagate it),
-// becoming the one canonical quiet NaN, and other values compare by a total order in which
-// -0.0 < +0.0, so the result does not depend on the order of the operands.
-template <typename F>
-F Extremum(F a, F b, bool want_max) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<F>::quiet_NaN();
-  using Bits = std::conditional_t<sizeof(F) == 4, int32_t, int64_t>;
-  auto key = [](F x) {
-    Bits bits;
-    std::memcpy(&bits, &x, sizeof(F));
-    return bits < 0 ? bits ^ std::numeric_limits<Bits>::max() : bits;  // negatives: reversed order
-  };
-  return (want_max ? key(a) > key(b) : key(a) < key(b)) ? a : b;
-}
 
 template <typename F, bool kWantMax>
 void CombineExtrema(void* in, void* inout, int* len, MPI_Datatype*) {
@@ -41,47 +20,37 @@ void CombineExtrema(void* in, void* inout, int* len, MPI_Datatype*) {
   for (int i = 0; i < *len; ++i) b[i] = Extremum(a[i], b[i], kWantMax);
 }
 
-template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), typename Combine>
-void CombineHalves(void* in, void* inout, int* len, Combine combine) {
-  const uint16_t* a = static_cast<const uint16_t*>(in);
-  uint16_t* b = static_cast<uint16_t*>(inout);
-  for (int i = 0; i < *len; ++i) b[i] = FromF(combine(ToF(a[i]), ToF(b[i])));
+std::vector<int> Displacements(const std::vector<int>& counts) {
+  std::vector<int> displacements(counts.size(), 0);
+  for (size_t i = 1; i < counts.size(); ++i) displacements[i] = displacements[i - 1] + counts[i - 1];
+  return displacements;
 }
 
-#define KD_HALF_REDUCTION(fn_name, ToF, FromF, expr)                              \
-  void fn_name(void* in, void* inout, int* len, MPI_Datatype*) {                 \
-    CombineHalves<ToF, FromF>(in, inout, len, [](float x, float y) { return expr; }); \
-  }
-KD_HALF_REDUCTION(HalfSum, HalfToFloat, FloatToHalf, x + y)
-KD_HALF_REDUCTION(HalfMin, HalfToFloat, FloatToHalf, Extremum(x, y, false))
-KD_HALF_REDUCTION(HalfMax, HalfToFloat, FloatToHalf, Extremum(x, y, true))
-KD_HALF_REDUCTION(HalfProd, HalfToFloat, FloatToHalf, x * y)
-KD_HALF_REDUCTION(BHalfSum, BFloat16ToFloat, FloatToBFloat16, x + y)
-KD_HALF_REDUCTION(BHalfMin, BFloat16ToFloat, FloatToBFloat16, Extremum(x, y, false))
-KD_HALF_REDUCTION(BHalfMax, BFloat16ToFloat, FloatToBFloat16, Extremum(x, y, true))
-KD_HALF_REDUCTION(BHalfProd, BFloat16ToFloat, FloatToBFloat16, x * y)
-#undef KD_HALF_REDUCTION
-
-template <typename T>
-void ScaleTyped(T* dst, const T* src, int64_t n, double factor) {
-  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(src[i] * factor);
-}
-
-template <float (*ToF)(uint16_t), uint16_t (*FromF)(float)>
-void ScaleHalves(uint16_t* dst, const uint16_t* src, int64_t n, double factor) {
-  const float f = static_cast<float>(factor);
-  for (int64_t i = 0; i < n; ++i) dst[i] = FromF(ToF(src[i]) * f);
+// Every rank's chunk `rank` of `in` (counts[j] values go to rank j) lands in `scratch`, then is
+// combined into `out`.
+int CombineChunks(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,
+                  double scale, MPI_Comm comm, std::vector<uint16_t>* scratch) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  const int mine = counts[rank];
+  scratch->resize(static_cast<size_t>(mine) * size);
+  const std::vector<int> send_displacements = Displacements(counts);
+  const std::vector<int> receive_counts(size, mine);
+  const std::vector<int> receive_displacements = Displacements(receive_counts);
+  int code = MPI_Alltoallv(in, counts.data(), send_displacements.data(), MPI_UINT16_T, scratch->data(),
+                           receive_counts.data(), receive_displacements.data(), MPI_UINT16_T, comm);
+  if (code != MPI_SUCCESS) return code;
+  std::vector<const uint16_t*> sources(size);
+  for (int i = 0; i < size; ++i) sources[i] = scratch->data() + static_cast<size_t>(i) * mine;
+  CombineHalves(sources.data(), size, static_cast<uint16_t*>(out), mine, dtype, op, scale);
+  return MPI_SUCCESS;
 }
 
 }  // namespace
 
 void CreateMpiReductions() {
   if (g_ops_created) return;
-  MPI_User_function* fns[2][5] = {
-      {HalfSum, HalfSum, HalfMin, HalfMax, HalfProd},
-      {BHalfSum, BHalfSum, BHalfMin, BHalfMax, BHalfProd}};
-  for (int t = 0; t < 2; ++t)
-    for (int op = 0; op < 5; ++op) MPI_Op_create(fns[t][op], /*commute=*/1, &g_half_ops[t][op]);
   MPI_User_function* extrema[2][2] = {{CombineExtrema<float, false>, CombineExtrema<float, true>},
                                       {CombineExtrema<double, false>, CombineExtrema<double, true>}};
   for (int t = 0; t < 2; ++t)
@@ -104,8 +73,6 @@ MPI_Datatype ToMpiType(DataType dtype) {
 }
 
 MPI_Op ToMpiOp(ReduceOp op, DataType dtype) {
-  if (dtype == DataType::kFloat16) return g_half_ops[0][static_cast<int>(op)];
-  if (dtype == DataType::kBFloat16) return g_half_ops[1][static_cast<int>(op)];
   if ((dtype == DataType::kFloat32 || dtype == DataType::kFloat64) &&
       (op == ReduceOp::kMin || op == ReduceOp::kMax)) {
     return g_float_extrema[dtype == DataType::kFloat64][op == ReduceOp::kMax];
@@ -119,45 +86,24 @@ MPI_Op ToMpiOp(ReduceOp op, DataType dtype) {
   return MPI_SUM;
 }
 
-void ScaledCopy(void* dst, const void* src, int64_t n, DataType dtype, double factor) {
-  if (factor == 1.0 || !IsFloatingPoint(dtype)) {
-    if (dst != src) std::memcpy(dst, src, n * DataTypeSize(dtype));
-    return;
-  }
-  switch (dtype) {
-    case DataType::kFloat32:
-      ScaleTyped(static_cast<float*>(dst), static_cast<const float*>(src), n, factor); break;
-    case DataType::kFloat64:
-      ScaleTyped(static_cast<double*>(dst), static_cast<const double*>(src), n, factor); break;
-    case DataType::kFloat16:
-      ScaleHalves<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst),
-                                             static_cast<const uint16_t*>(src), n, factor);
-      break;
-    case DataType::kBFloat16:
-      ScaleHalves<BFloat16ToFloat, FloatToBFloat16>(static_cast<uint16_t*>(dst),
-                                                     static_cast<const uint16_t*>(src), n, factor);
-      break;
-    default: break;
-  }
+int AllreduceHalves(void* data, int count, DataType dtype, ReduceOp op, double scale, MPI_Comm comm,
+                    std::vector<uint16_t>* scratch) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  std::vector<int> counts(size);
+  for (int i = 0; i < size; ++i) counts[i] = count / size + (i < count % size ? 1 : 0);
+  const std::vector<int> displacements = Displacements(counts);
+  uint16_t* values = static_cast<uint16_t*>(data);
+  int code = CombineChunks(values, values + displacements[rank], counts, dtype, op, scale, comm, scratch);
+  if (code != MPI_SUCCESS) return code;
+  return MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, values, counts.data(), displacements.data(),
+                        MPI_UINT16_T, comm);
 }
 
-void ScaleInPlace(void* data, int64_t n, DataType dtype, double factor) {
-  if (factor != 1.0) ScaledCopy(data, data, n, dtype, factor);
-}
-
-template <typename T>
-static void DivideTyped(T* p, int64_t n, int64_t divisor) {
-  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(p[i] / static_cast<T>(divisor));
-}
-
-void DivideIntegersInPlace(void* data, int64_t n, DataType dtype, int64_t divisor) {
-  switch (dtype) {
-    case DataType::kUInt8: DivideTyped(static_cast<uint8_t*>(data), n, divisor); break;
-    case DataType::kInt8: DivideTyped(static_cast<int8_t*>(data), n, divisor); break;
-    case DataType::kInt32: DivideTyped(static_cast<int32_t*>(data), n, divisor); break;
-    case DataType::kInt64: DivideTyped(static_cast<int64_t*>(data), n, divisor); break;
-    default: break;
-  }
+int ReduceScatterHalves(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,
+                        double scale, MPI_Comm comm, std::vector<uint16_t>* scratch) {
+  return CombineChunks(in, out, counts, dtype, op, scale, comm, scratch);
 }
 
 std::string MpiErrorString(int code) {

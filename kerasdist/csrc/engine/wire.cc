@@ -13,6 +13,7 @@ void WriteRequest(ByteWriter& w, const Request& r) {
   for (const auto& t : r.tensors) {
     w.Put<uint8_t>(static_cast<uint8_t>(t.dtype));
     w.PutInts(t.shape);
+    w.Put<uint8_t>(static_cast<uint8_t>(t.wire));
   }
   w.PutInts(r.splits);
   w.Put<uint8_t>(r.blocking ? 1 : 0);
@@ -31,6 +32,7 @@ Request ReadRequest(ByteReader& in) {
   for (auto& t : r.tensors) {
     t.dtype = static_cast<DataType>(in.Get<uint8_t>());
     t.shape = in.GetInts();
+    t.wire = static_cast<DataType>(in.Get<uint8_t>());
   }
   r.splits = in.GetInts();
   r.blocking = in.Get<uint8_t>() != 0;

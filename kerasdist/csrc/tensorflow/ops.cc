@@ -157,6 +157,7 @@ class CollectiveKernel : public AsyncOpKernel {
       return absl::InvalidArgumentError("kerasdist: unsupported dtype " + ::tensorflow::DataTypeString(t.dtype()));
     }
     spec.shape = ToShape(t.shape());
+    spec.wire = spec.dtype;
     request->tensors.push_back(spec);
     inputs->push_back(DataOf(t));
     return absl::OkStatus();
@@ -201,7 +202,15 @@ class ReducingKernel : public CollectiveKernel {
 
 class AllreduceKernel : public ReducingKernel {
  public:
-  explicit AllreduceKernel(OpKernelConstruction* ctx) : ReducingKernel(ctx, OpKind::kAllreduce) {}
+  explicit AllreduceKernel(OpKernelConstruction* ctx) : ReducingKernel(ctx, OpKind::kAllreduce) {
+    std::vector<int> wire;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("wire_dtypes", &wire));
+    for (int w : wire) {
+      OP_REQUIRES(ctx, w == static_cast<int>(DataType::kFloat16) || w == static_cast<int>(DataType::kBFloat16),
+                  absl::InvalidArgumentError("kerasdist: a wire dtype must be float16 or bfloat16"));
+      wire_.push_back(static_cast<DataType>(w));
+    }
+  }
 
  protected:
   absl::Status Prepare(OpKernelContext* ctx, Request* request, std::vector<const void*>* inputs,
@@ -209,9 +218,17 @@ class AllreduceKernel : public ReducingKernel {
     SetReduction(ctx, request);
     for (int i = 0; i < ctx->num_inputs() - kTrailingInputs; ++i) {
       TF_RETURN_IF_ERROR(AddTensor(ctx, i, request, inputs));
+      TensorSpec& spec = request->tensors.back();
+      // Compression applies to float32 and float64; a 16-bit or integer tensor goes as it is.
+      if (i < static_cast<int>(wire_.size()) && (spec.dtype == DataType::kFloat32 || spec.dtype == DataType::kFloat64)) {
+        spec.wire = wire_[i];
+      }
     }
     return absl::OkStatus();  // outputs come when the engine runs it: own memory or a fused view
   }
+
+ private:
+  std::vector<DataType> wire_;  // per tensor: the 16-bit type it travels in; empty: uncompressed
 };
 
 class AllgatherKernel : public CollectiveKernel {
@@ -298,6 +315,7 @@ absl::Status UnknownFirstDim(InferenceContext* c) {
 
 REGISTER_OP("KerasdistAllreduce")
     .Attr("blocking: bool = false")
+    .Attr("wire_dtypes: list(int) = []")
     .Attr("T: list(" KD_NUMERIC ")")
     .Attr("reduce_op: int")
     .Input("tensors: T")
