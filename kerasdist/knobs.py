@@ -108,6 +108,10 @@ KNOBS = (
          "the most bytes one MPI call reduces: allreduces of up to 256 KiB that are ready together are "
          "fused up to it, larger tensors are reduced in pieces of it; 0 turns both off",
          metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="16"),
+    Knob("bucket_bytes", "KERASDIST_BUCKET_BYTES", "--bucket-mb", 4 * 2**20, _integer(0, 2**40, " bytes"),
+         "DistributedOptimizer and DistributedGradientTape reduce gradients in buckets of about this many "
+         "bytes, last layers first, so each starts while backprop goes on; 0: one bucket after backprop",
+         metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="4"),
     Knob("cycle_time_ms", "KERASDIST_CYCLE_TIME_MS", "--cycle-time-ms", 0.0,
          _seconds_or_milliseconds(1000.0, " ms"),
          "after new work wakes the idle engine, wait this long so more requests join one reduction",

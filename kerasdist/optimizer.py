@@ -39,32 +39,56 @@ def _gradient_op_name(op):
 def reduce_gradients(grads, op=ops.Average, compression=ops.Compression.none, sparse_as_dense=False):
     """Combines a list of per-rank gradients across ranks; `None` entries stay `None`.
 
-    Dense gradients go out as one grouped allreduce (one negotiation, fused into one MPI call).
-    `IndexedSlices` (embedding gradients) are gathered, not densified, unless `sparse_as_dense`.
-    In a world of one this returns `grads` unchanged and adds no op to the graph.
+    Dense gradients go out in buckets of about `KERASDIST_BUCKET_BYTES`, last variables first,
+    one grouped allreduce each (small tensors of a bucket fuse into one MPI call). Inside a
+    `tf.function` a bucket's allreduce starts as soon as backprop has produced its gradients,
+    so communication overlaps the rest of the backward pass. `IndexedSlices` (embedding
+    gradients) are gathered, not densified, unless `sparse_as_dense`. In a world of one this
+    returns `grads` unchanged and adds no op to the graph.
     """
     return _reduce(grads, op, compression, sparse_as_dense)[0]
 
 
 def _reduce(grads, op, compression, sparse_as_dense, statistics=()):
-    """`reduce_gradients`, plus float32 `statistics` reduced in the same grouped allreduce
-    (uncompressed, so a squared norm cannot overflow float16). Returns (grads, statistics)."""
+    """`reduce_gradients`, plus float32 `statistics` reduced with the last bucket (uncompressed,
+    so a squared norm cannot overflow float16). Returns (grads, statistics)."""
     grads, statistics = list(grads), list(statistics)
     if runtime.state().size == 1:
         return grads, statistics
     if sparse_as_dense:
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     dense_positions = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
-    wire, original_dtypes = zip(*(compression.compress(grads[i]) for i in dense_positions)) if dense_positions \
-        else ((), ())
-    reduced_all = ops.grouped_allreduce(list(wire) + statistics, op=op)
     reduced = list(grads)
-    for i, g, dtype in zip(dense_positions, reduced_all, original_dtypes):
-        reduced[i] = compression.decompress(g, dtype)
+    buckets = _buckets(dense_positions, grads, runtime.state().knobs.bucket_bytes) or [[]]
+    for bucket in buckets:
+        # Statistics depend on every gradient: they ride with the last bucket, after its
+        # gradients, past the end of the compressed ones.
+        riders = statistics if bucket is buckets[-1] else []
+        out = ops._allreduce_group([grads[i] for i in bucket] + riders, op, None, 1.0, 1.0,
+                                   compression.wire_dtypes(len(bucket)))
+        for i, g in zip(bucket, out):
+            reduced[i] = g
     for i, g in enumerate(grads):
         if isinstance(g, tf.IndexedSlices):
             reduced[i] = ops.allreduce(g, op=op, compression=compression)
-    return reduced, reduced_all[len(dense_positions):]
+    return reduced, (out[len(buckets[-1]):] if statistics else [])
+
+
+def _buckets(positions, grads, bucket_bytes):
+    """`positions` of `grads` in reduction buckets of about `bucket_bytes` (0: one bucket).
+
+    Backprop produces the last variables' gradients first, so buckets are filled from the end:
+    the first bucket can travel while earlier layers are still being differentiated. Shapes and
+    order decide, so every rank makes the same buckets.
+    """
+    buckets, current, filled = [], [], 0
+    for i in reversed(positions):
+        current.append(i)
+        filled += (grads[i].shape.num_elements() or 0) * grads[i].dtype.size
+        if bucket_bytes and filled >= bucket_bytes:
+            buckets.append(current)
+            current, filled = [], 0
+    return buckets + ([current] if current else [])
 
 
 def _squared_norm(grads):

@@ -56,20 +56,18 @@ def test_the_launcher_refuses_what_init_refuses_from_the_environment(variable, v
 
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
 def test_every_knob_has_a_flag_that_sets_its_variable_on_every_rank(knob, capsys):
-    text = {"fusion_threshold_bytes": "2", "timeline_path": "/tmp/trace.json", "log_level": "INFO",
-            "tf_threads": "off", "cache_capacity": "64"}.get(knob.field, "7")
+    text = {"timeline_path": "/tmp/trace.json", "log_level": "INFO", "tf_threads": "off"}.get(knob.field, "7")
     status = launcher.main(["-np", "2", "--dry-run", knob.flag, text, "python", "t.py"],
                            environ={"KERASDIST_MPI_FLAVOUR": "mpich"})
     assert status == 0
-    expected = {"fusion_threshold_bytes": str(2 * 2**20), "log_level": "info"}.get(knob.field, text)
+    expected = {"fusion_threshold_bytes": str(7 * 2**20), "bucket_bytes": str(7 * 2**20),
+                "log_level": "info"}.get(knob.field, text)
     assert f"-genv {knob.variable} {expected} " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
 def test_every_knob_already_in_the_environment_is_forwarded(knob, capsys):
-    value = knob.default_text() if knob.field != "timeline_path" else "/tmp/t.json"
-    if knob.field == "fusion_threshold_bytes":
-        value = str(knob.default)
+    value = str(knob.default) if knob.default != "" else "/tmp/t.json"
     launcher.main(["-np", "2", "--dry-run", "python", "t.py"],
                   environ={"KERASDIST_MPI_FLAVOUR": "mpich", knob.variable: value})
     assert f"-genv {knob.variable} {value} " in capsys.readouterr().out

@@ -7,12 +7,15 @@ is the b-row slice (j·size + r) of it: the union over ranks and micro-batches i
 batch, and the mean of the per-rank means is the global mean.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tensorflow as tf
 import keras
 
 import kerasdist as kd
+from kerasdist import runtime
 from kerasdist.optimizers import LAMB, LARS
 
 kd.init()
@@ -209,6 +212,55 @@ def test_gradient_tape_matches_one_process_with_the_global_batch():
     got = train(make_model(), this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
                 PER_RANK_BATCH, kd.DistributedGradientTape)
     assert max_difference(got, expected) < 1e-5
+
+
+@pytest.fixture
+def bucket_bytes(monkeypatch):
+    """Sets KERASDIST_BUCKET_BYTES for one test (init() read it once)."""
+    def set_to(value):
+        monkeypatch.setattr(runtime.state(), "knobs", dataclasses.replace(runtime.state().knobs, bucket_bytes=value))
+    return set_to
+
+
+# make_model's variables, in reduction order (last first): bias 1 (4 B), kernel 8x1 (32 B),
+# bias 8 (32 B), kernel 5x8 (160 B). Buckets of 64 bytes close after 68 and 160 bytes.
+_BUCKETS_OF_64_BYTES = 2
+
+
+@pytest.mark.skipif(SIZE == 1, reason="a world of one reduces nothing")
+@pytest.mark.parametrize("size, allreduce_ops", [(0, 1), (64, _BUCKETS_OF_64_BYTES), (1, 4)])
+def test_gradients_travel_in_buckets_filled_from_the_last_layer(bucket_bytes, size, allreduce_ops):
+    bucket_bytes(size)
+    model = make_model()
+    x, y = global_data(1, PER_RANK_BATCH)
+
+    @tf.function
+    def gradients(xb, yb):
+        with kd.DistributedGradientTape(tf.GradientTape()) as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        return tape.gradient(loss, model.trainable_variables)
+
+    graph = gradients.get_concrete_function(x, y).graph
+    reductions = [op for op in graph.get_operations() if op.type == "KerasdistAllreduce"]
+    assert len(reductions) == allreduce_ops
+    # The first reduction holds the last variable's gradient: backprop produces it first.
+    last_bias_gradient_shape = [1]
+    assert reductions[0].inputs[0].shape.as_list() == last_bias_gradient_shape
+
+
+@pytest.mark.parametrize("size", [0, 64, 1])
+def test_fit_gives_the_same_weights_whatever_the_bucket_size(bucket_bytes, size):
+    bucket_bytes(size)
+    x, y = global_data(STEPS, SIZE * PER_RANK_BATCH)
+    reference = make_model()
+    reference.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
+    reference.fit(x, y, batch_size=SIZE * PER_RANK_BATCH, shuffle=False, verbose=0)
+
+    model = make_model()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
+    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
+              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
 
 
 def test_gradient_tape_sum_and_structure():
