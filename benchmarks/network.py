@@ -14,13 +14,11 @@ SIGTERM), and for each link (tc htb at --rate, then unshaped):
                Average against raw mpi4py, 160 x 64 KiB fused (default threshold) against
                unfused (KERASDIST_FUSION_THRESHOLD=0), Compression none / fp16 / bf16.
   training     examples/keras_synthetic_benchmark.py (model.fit, 64 images per rank, one TF
-               thread per rank) for each --models: one process alone, two one-process runs at
-               once that never communicate (the compute of a step when two processes share the
-               cores, as the two hosts' ranks do), and 2 hosts x 1 rank on each link, taking
-               turns --rounds times. The 2-host runs write a timeline; communication per step
-               is the time some gradient allreduce was in MPI (union of the timeline's
-               "allreduce" phases) over the steps run; "exposed" is the 2-host step time less
-               the compute, i.e. what communication added.
+               thread per rank) for each --models, one process against 2 hosts x 1 rank on each
+               link, taking turns --rounds times, with wall and CPU time per step. The 2-host
+               runs write a timeline: MPI time per step is the time some allreduce was in MPI
+               (union of the timeline's "allreduce" phases) over the steps run, beside the
+               collective requests negotiated per step.
 Every job goes through kerasdist-run with the cluster's launcher program and interface and
 UCX_TLS=tcp (between namespaces of one kernel UCX would otherwise use shared memory).
 Results: printed tables, and --json (bench-results/network.json).
@@ -168,12 +166,14 @@ def read_timeline(path):
     return json.loads(text)
 
 
-def communication_ms_per_step(timeline_path, steps):
-    events = read_timeline(timeline_path)
-    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("ph") == "X" and e.get("name") == "allreduce"]
-    if not intervals:
-        return None
-    return merged_seconds(intervals) / 1e3 / steps
+def timeline_summary(timeline_path, steps):
+    """MPI time per step (union of the "allreduce" phases) and collective requests per step (a
+    request is one name negotiated; DistributedOptimizer sends all of a step's gradients as one
+    grouped request from apply(), i.e. after the whole backward pass)."""
+    events = [e for e in read_timeline(timeline_path) if e.get("ph") == "X"]
+    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "allreduce"]
+    return {"communication_ms_per_step": merged_seconds(intervals) / 1e3 / steps if intervals else None,
+            "requests_per_step": sum(1 for e in events if e.get("name") == "queued") / steps}
 
 
 def example_command(model):
@@ -190,25 +190,12 @@ def train_one_process(model):
     return result_line(run(example_command(model), job_environment()))
 
 
-def train_two_independent(model):
-    """Two one-process runs at once, which never communicate: the compute of a step when two
-    processes share this machine's cores, as the two hosts' ranks do. The slower one's figures."""
-    argv = ["timeout", "--kill-after=10", str(ARGS.job_timeout_s), *map(str, example_command(model))]
-    processes = [subprocess.Popen(argv, env=job_environment(), cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, text=True) for _ in range(2)]
-    outputs = [process.communicate() for process in processes]
-    if any(process.returncode != 0 for process in processes):
-        raise SystemExit(f"two independent runs of {model} failed:\n" + "\n".join(o[1][-2000:] for o in outputs))
-    results = [result_line(stdout) for stdout, _ in outputs]
-    return max(results, key=lambda result: result["step_ms"])
-
-
 def train_two_hosts(cluster, model):
     with tempfile.TemporaryDirectory() as scratch:
         timeline = pathlib.Path(scratch, "timeline.json")
         result = result_line(cluster.launch(example_command(model), extra_flags=["--timeline", timeline]))
         steps = 10 + 10 * ARGS.num_iters  # warm-up batches, then the timed ones
-        result["communication_ms_per_step"] = communication_ms_per_step(timeline, steps)
+        result.update(timeline_summary(timeline, steps))
     return result
 
 
@@ -218,17 +205,16 @@ def bench_training(cluster, links):
         for model in ARGS.models:
             single = train_one_process(model)
             runs.append({"round": round_index, "model": model, "link": "one process", **single})
-            independent = train_two_independent(model)
-            runs.append({"round": round_index, "model": model, "link": "2 independent", **independent})
-            print(f"  round {round_index + 1} {model:<15} one process  {single['step_ms']:7.1f} ms/step, "
-                  f"2 independent {independent['step_ms']:7.1f} ms/step (load {os.getloadavg()[0]:.1f})", flush=True)
+            print(f"  round {round_index + 1} {model:<15} one process  {single['step_ms']:7.1f} ms/step "
+                  f"(CPU {single['cpu_ms_per_step_per_rank']:.1f}; load {os.getloadavg()[0]:.1f})", flush=True)
             for label, rate in links:
                 cluster.shape(rate)
                 two = train_two_hosts(cluster, model)
                 runs.append({"round": round_index, "model": model, "link": label, **two})
                 comm = two["communication_ms_per_step"]
-                print(f"  round {round_index + 1} {model:<15} 2 hosts, {label:<9} {two['step_ms']:7.1f} ms/step, "
-                      f"communication {comm if comm is None else round(comm, 2)} ms/step", flush=True)
+                print(f"  round {round_index + 1} {model:<15} 2 hosts, {label:<9} {two['step_ms']:7.1f} ms/step "
+                      f"(CPU {two['cpu_ms_per_step_per_rank']:.1f}), MPI {comm if comm is None else round(comm, 2)} "
+                      f"ms/step, {two['requests_per_step']:.2f} requests per step", flush=True)
     return runs
 
 
@@ -267,33 +253,33 @@ def print_allreduce_tables(label, gbits, results):
 
 def print_training_table(runs, links, link_gbits):
     print("\n### Training: model.fit, 64 images per rank, medians over rounds\n")
-    print("compute = the step of two one-process runs at once that never communicate (they share the "
-          "cores as the two hosts' ranks do); MPI = union of the timeline's allreduce phases per step; "
-          "exposed = 2-host step - compute; hidden = MPI time that overlapped compute (MPI - exposed, "
-          "if > 0); beyond MPI = exposed time that was not MPI (exposed - MPI, if > 0: negotiation, "
-          "copies, waiting for the peer); E(2) = 2-host throughput / (2 x one process alone).\n")
-    print("| model | parameters | link | gradient at link rate | 1 process ms/step | compute ms/step | "
-          "2 hosts ms/step | MPI ms/step | exposed | hidden | beyond MPI | E(2) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("step: wall ms per step (slowest rank); CPU: CPU ms per step of a rank (all its threads), which "
+          "other processes on the machine disturb far less; MPI: union of the timeline's allreduce phases "
+          "per step; added: 2-host step - one-process step; requests: collectives negotiated per step "
+          "(all gradients are one grouped request, sent after the backward pass); E(2) = 2-host "
+          "throughput / (2 x one process).\n")
+    print("| model | parameters | link | gradient at link rate | 1 process step (CPU) | 2 hosts step (CPU) | "
+          "MPI | added | requests | E(2) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for model in ARGS.models:
         mine = [r for r in runs if r["model"] == model]
 
-        def median_of(link, key):
-            return statistics.median(r[key] for r in mine if r["link"] == link)
+        def median_of(selected, key):
+            values = [r[key] for r in selected if r.get(key) is not None]
+            return statistics.median(values) if values else float("nan")
 
-        alone, compute = median_of("one process", "step_ms"), median_of("2 independent", "step_ms")
-        single_throughput = median_of("one process", "images_per_second")
+        alone = [r for r in mine if r["link"] == "one process"]
+        single_step, single_cpu = median_of(alone, "step_ms"), median_of(alone, "cpu_ms_per_step_per_rank")
         parameters = mine[0]["parameters"]
         for label, _ in links:
             two = [r for r in mine if r["link"] == label]
-            step = statistics.median(r["step_ms"] for r in two)
-            comms = [r["communication_ms_per_step"] for r in two if r["communication_ms_per_step"] is not None]
-            comm = statistics.median(comms) if comms else float("nan")
-            exposed = step - compute
-            efficiency = statistics.median(r["images_per_second"] for r in two) / (2 * single_throughput)
+            step, cpu, comm = median_of(two, "step_ms"), median_of(two, "cpu_ms_per_step_per_rank"), \
+                median_of(two, "communication_ms_per_step")
+            requests = median_of(two, "requests_per_step")
+            efficiency = median_of(two, "images_per_second") / (2 * median_of(alone, "images_per_second"))
             wire_ms = parameters * 4 * 8 / (link_gbits[label] * 1e9) * 1e3
-            print(f"| {model} | {parameters:,} | {label} | {wire_ms:.1f} ms | {alone:.1f} | {compute:.1f} | {step:.1f} | "
-                  f"{comm:.1f} | {exposed:.1f} | {max(comm - exposed, 0):.1f} | {max(exposed - comm, 0):.1f} | "
+            print(f"| {model} | {parameters:,} | {label} | {wire_ms:.1f} ms | {single_step:.1f} ({single_cpu:.1f}) | "
+                  f"{step:.1f} ({cpu:.1f}) | {comm:.1f} | {step - single_step:.1f} | {requests:.2f} | "
                   f"{efficiency:.2f} |")
 
 
