@@ -61,8 +61,8 @@ why_not_possible() {
     done
     local error
     if ! error=$(unshare --net --uts true 2>&1); then echo "cannot make namespaces: $error"; return; fi
-    if ! error=$(ip link add kdprobe$$ type bridge 2>&1); then echo "cannot make a bridge: $error"; return; fi
-    ip link del kdprobe$$
+    # Inside a throwaway namespace: whatever the probe makes goes with it, even if this is killed.
+    if ! error=$(unshare --net ip link add kdprobe type bridge 2>&1); then echo "cannot make a bridge: $error"; return; fi
 }
 
 # ---- names, derived from the id alone, so that `down` finds what a half-made `up` left -------
