@@ -226,7 +226,7 @@ def human(nbytes):
 
 def print_allreduce_tables(label, gbits, results):
     print(f"\n### {label}: TCP stream {gbits:.2f} Gbit/s\n")
-    print("| op | size | link limit | raw MPI | kerasdist | raw / kerasdist (range) | kerasdist / link limit |")
+    print("| op | size | link limit | raw MPI | kerasdist | raw / kerasdist (range) | kerasdist, share of link limit |")
     print("|---|---|---|---|---|---|---|")
     for row in results["sizes"]:
         limit_s = row["bytes"] * 8 / (gbits * 1e9)
