@@ -8,7 +8,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 RUN_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
 OP_LIBRARY_SOURCES := setup.py $(wildcard kerasdist/csrc/*/*.cc kerasdist/csrc/*/*.h)
 
-.PHONY: venv build test demo bench clean
+.PHONY: venv build test demo bench bench-net clean
 
 venv: $(VENV)/.editable
 
@@ -52,6 +52,13 @@ bench: build
 	    --fusion_threshold=0 --compare_to bench-results/allreduce.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py
 	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools
+
+# Emulated hosts (network namespaces; needs root): two on a 1 Gbit/s and on an unshaped link
+# (allreduce against raw MPI, fusion, compression, model.fit throughput), then negotiation cost
+# at 2-16 ranks on four; ~30 min. Tables in docs/network.md.
+bench-net: build
+	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py
 
 clean:
 	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built

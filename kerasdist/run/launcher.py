@@ -7,7 +7,9 @@ neither TensorFlow nor MPI, so it starts at once.
 import argparse
 import json
 import os
+import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,6 +72,21 @@ def _existing_file(text):
     return text
 
 
+def _program(text):
+    """An executable file or a command on PATH, as an absolute path (mpiexec may not search PATH)."""
+    found = shutil.which(text)
+    if not found:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an executable file or a command on PATH")
+    return os.path.abspath(found)
+
+
+def _interface_name(text):
+    """A name Linux accepts for a network interface: 1-15 characters, no '/', ':' or space."""
+    if not re.fullmatch(r"[^/:\s]{1,15}", text) or text in (".", ".."):
+        raise argparse.ArgumentTypeError(f"not a network interface name (as `ip link` lists them): {text!r}")
+    return text
+
+
 def _mpi_args(text):
     try:
         return shlex.split(text)
@@ -92,6 +109,14 @@ def make_parser():
                        help="hosts to run on, e.g. node1:2,node2:2 (default: this host)")
     where.add_argument("--hostfile", type=_existing_file, metavar="FILE",
                        help="host file in your MPI's own format")
+    parser.add_argument("--launcher-exec", type=_program, metavar="PROGRAM",
+                        help="start the processes on other hosts with PROGRAM, called as ssh is "
+                             "(PROGRAM [options] HOST COMMAND...): a site's ssh wrapper, or the test "
+                             "cluster's (hydra: -launcher-exec; Open MPI: plm_rsh_agent)")
+    parser.add_argument("--network-interface", type=_interface_name, metavar="IFACE",
+                        help="keep mpiexec's and MPI's TCP traffic on this interface (hydra: -iface; "
+                             "Open MPI: btl/oob_tcp_if_include) and set UCX_NET_DEVICES / FI_TCP_IFACE "
+                             "to it on every rank, unless you set them")
     engine = parser.add_argument_group("engine knobs (each sets its KERASDIST_* variable on every rank)")
     for knob in knobs.KNOBS:
         engine.add_argument(knob.flag, dest=knob.field, type=_knob_text(knob), metavar=knob.metavar,
@@ -217,8 +242,11 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     except mpi.LaunchError as error:
         parser.error(str(error))
 
+    if args.network_interface:
+        environment.update(mpi.interface_environment(flavour, args.network_interface, environ))
     launch = mpi.build_command(mpiexec, flavour, args.num_processes, command, hosts=args.hosts,
-                               hostfile=args.hostfile, environment=environment, mpi_args=args.mpi_args)
+                               hostfile=args.hostfile, environment=environment, mpi_args=args.mpi_args,
+                               launcher_exec=args.launcher_exec, network_interface=args.network_interface)
     if args.dry_run:
         print(shlex.join(launch))
         return 0

@@ -23,6 +23,20 @@ class Flavour:
     hosts_option: str
     hostfile_option: str
     sets_variables_with_x: bool  # Open MPI's `-x K=V`; hydra's `-genv K V` otherwise
+    # Options that start remote processes through a program called as ssh is ("{program}").
+    launcher_exec_template: tuple
+    # Options that keep the launcher's and MPI's TCP traffic on one interface ("{interface}").
+    interface_template: tuple
+    # Variables that point the network libraries this MPI may use at that interface.
+    interface_variables: tuple
+
+    def launcher_exec_options(self, program):
+        """Options that make mpiexec start the processes on other hosts with ``program``."""
+        return [part.format(program=program) for part in self.launcher_exec_template]
+
+    def interface_options(self, interface):
+        """Options that make mpiexec and MPI's TCP transport use ``interface`` only."""
+        return [part.format(interface=interface) for part in self.interface_template]
 
     def environment_options(self, environment):
         """Options that set each ``name: value`` of ``environment`` on every rank."""
@@ -32,9 +46,23 @@ class Flavour:
         return options
 
 
-MPICH = Flavour("mpich", "MPICH (hydra)", "-hosts", "-f", sets_variables_with_x=False)
-INTEL_MPI = Flavour("intel", "Intel MPI (hydra)", "-hosts", "-f", sets_variables_with_x=False)
-OPEN_MPI = Flavour("openmpi", "Open MPI", "-H", "--hostfile", sets_variables_with_x=True)
+# PyPI's MPICH is built with UCX and libfabric (ofi); its tcp provider reads FI_TCP_IFACE. Intel MPI
+# runs over libfabric. Open MPI's TCP byte transfer layer (btl) and its runtime's out-of-band
+# channel (oob) each take an interface list, and its UCX layer reads UCX_NET_DEVICES.
+# Open MPI 5's runtime (PRRTE) calls the agent plm_ssh_agent and translates plm_rsh_*.
+MPICH = Flavour("mpich", "MPICH (hydra)", "-hosts", "-f", sets_variables_with_x=False,
+                launcher_exec_template=("-launcher", "ssh", "-launcher-exec", "{program}"),
+                interface_template=("-iface", "{interface}"),
+                interface_variables=("UCX_NET_DEVICES", "FI_TCP_IFACE"))
+INTEL_MPI = Flavour("intel", "Intel MPI (hydra)", "-hosts", "-f", sets_variables_with_x=False,
+                    launcher_exec_template=("-bootstrap", "ssh", "-bootstrap-exec", "{program}"),
+                    interface_template=("-iface", "{interface}"),
+                    interface_variables=("FI_TCP_IFACE",))
+OPEN_MPI = Flavour("openmpi", "Open MPI", "-H", "--hostfile", sets_variables_with_x=True,
+                   launcher_exec_template=("--mca", "plm_rsh_agent", "{program}"),
+                   interface_template=("--mca", "btl_tcp_if_include", "{interface}",
+                                       "--mca", "oob_tcp_if_include", "{interface}"),
+                   interface_variables=("UCX_NET_DEVICES",))
 FLAVOURS = {flavour.name: flavour for flavour in (MPICH, INTEL_MPI, OPEN_MPI)}
 
 
@@ -136,8 +164,14 @@ def choose_flavour(mpiexec, environ, run_version=run_version_query):
     return flavour
 
 
+def interface_environment(flavour, interface, caller_environment):
+    """``{variable: interface}`` for the flavour's interface variables; one the caller has set
+    keeps the caller's value (e.g. ``UCX_NET_DEVICES=mlx5_0:1``, so that UCX stays on RDMA)."""
+    return {name: caller_environment.get(name) or interface for name in flavour.interface_variables}
+
+
 def build_command(mpiexec, flavour, num_processes, command, hosts=None, hostfile=None, environment=None,
-                  mpi_args=()):
+                  mpi_args=(), launcher_exec=None, network_interface=None):
     """The argv that starts ``command`` as ``num_processes`` ranks.
 
     Args:
@@ -149,6 +183,10 @@ def build_command(mpiexec, flavour, num_processes, command, hosts=None, hostfile
         hostfile: path of a host file in the MPI's own format, or None.
         environment: variables to set on every rank, ``{name: value}``.
         mpi_args: extra mpiexec options, placed after ours so that they win.
+        launcher_exec: a program that mpiexec calls as it would call ssh
+            (``PROGRAM [options] HOST COMMAND...``) to start processes on other hosts, or None.
+        network_interface: the network interface for mpiexec's own and MPI's TCP traffic, or
+            None. Its variables (``interface_environment``) belong in ``environment``.
 
     Example:
         >>> build_command("/usr/bin/mpirun", OPEN_MPI, 2, ["python", "train.py"],
@@ -160,5 +198,9 @@ def build_command(mpiexec, flavour, num_processes, command, hosts=None, hostfile
         argv += [flavour.hosts_option, hosts]
     if hostfile:
         argv += [flavour.hostfile_option, hostfile]
+    if launcher_exec:
+        argv += flavour.launcher_exec_options(launcher_exec)
+    if network_interface:
+        argv += flavour.interface_options(network_interface)
     argv += flavour.environment_options(environment or {})
     return argv + list(mpi_args) + list(command)

@@ -1,0 +1,78 @@
+"""Negotiation cost per collective at one job size, rank side (benchmarks/negotiation_scaling.py
+starts it at several sizes and fits the model).
+
+Every op here is one negotiation cycle: a tf.function loop of allreduces of a single float32,
+each taking the previous one's result, alternating between two op names. With the default
+negotiation cache both names take the fast path (one bitwise-AND allreduce of the cache's bit
+vector); with KERASDIST_CACHE_CAPACITY=1 each name evicts the other, so every op takes the slow
+path (requests gathered to rank 0, validated, responses broadcast). Raw MPI: mpi4py Allreduce of
+one float32 in a Python loop, the cost of the data movement alone. Rank 0 prints
+NEGOTIATION {"ranks", "cache_capacity", "raw_s", "ours_s", "raw_samples", "ours_samples"}.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+import kerasdist as kd  # noqa: E402
+
+kd.init()
+from mpi4py import MPI  # noqa: E402
+
+COMM = MPI.COMM_WORLD
+
+
+@tf.function
+def alternating(x, iterations):
+    for _ in tf.range(iterations):
+        x = kd.allreduce(x, op=kd.Max, name="negotiation_a")
+        x = kd.allreduce(x, op=kd.Max, name="negotiation_b")
+    return x
+
+
+def timed(fn, ops):
+    COMM.Barrier()
+    start = time.perf_counter()
+    fn()
+    return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX) / ops
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=200, help="loop iterations (2 ops each) per sample")
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+
+    x = tf.constant([float(COMM.rank)])
+    if float(alternating(x, tf.constant(2))[0]) != COMM.size - 1:
+        raise SystemExit(f"rank {COMM.rank}: wrong allreduce result")
+    buf = np.zeros(1, np.float32)
+
+    def raw():
+        for _ in range(2 * args.iterations):
+            COMM.Allreduce(MPI.IN_PLACE, buf, op=MPI.MAX)
+
+    iterations = tf.constant(args.iterations)
+    raw_samples, ours_samples = [], []
+    for _ in range(args.repeats):
+        raw_samples.append(timed(raw, 2 * args.iterations))
+        ours_samples.append(timed(lambda: alternating(x, iterations), 2 * args.iterations))
+    if COMM.rank == 0:
+        print("NEGOTIATION " + json.dumps({
+            "ranks": COMM.size, "cache_capacity": int(os.environ.get("KERASDIST_CACHE_CAPACITY", "1024")),
+            "raw_s": statistics.median(raw_samples), "ours_s": statistics.median(ours_samples),
+            "raw_samples": raw_samples, "ours_samples": ours_samples}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,325 @@
+"""kerasdist over a network: two emulated hosts joined by a 1 Gbit/s link and by an unshaped one.
+
+How to run (as root; `make bench-net` runs it with the defaults, ~20 min):
+
+  .venv/bin/python benchmarks/network.py
+  .venv/bin/python benchmarks/network.py --rounds 1 --num_iters 3 --repeats 3   # quick look
+
+It makes a 2-host cluster with scripts/netns_cluster.sh (removed at the end, on Ctrl-C and on
+SIGTERM), and for each link (tc htb at --rate, then unshaped):
+  link         the physical limit: one TCP stream between the hosts (Python sockets), median
+               of 3; an allreduce of N bytes between 2 hosts sends and receives N bytes per
+               host at best, so N / this rate is the fastest any allreduce can be.
+  allreduce    benchmarks/network_allreduce.py across the hosts, one rank each: Sum and
+               Average against raw mpi4py, 160 x 64 KiB fused (default threshold) against
+               unfused (KERASDIST_FUSION_THRESHOLD=0), Compression none / fp16 / bf16.
+  training     examples/keras_synthetic_benchmark.py (model.fit, 64 images per rank, one TF
+               thread per rank) for each --models, one process against 2 hosts x 1 rank on each
+               link, taking turns --rounds times, with wall and CPU time per step. The 2-host
+               runs write a timeline: MPI time per step is the time some allreduce was in MPI
+               (union of the timeline's "allreduce" phases) over the steps run, beside the
+               collective requests negotiated per step.
+Every job goes through kerasdist-run with the cluster's launcher program and interface and
+UCX_TLS=tcp (between namespaces of one kernel UCX would otherwise use shared memory).
+Results: printed tables, and --json (bench-results/network.json).
+"""
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+CLUSTER_SCRIPT = REPO / "scripts" / "netns_cluster.sh"
+EXAMPLE = REPO / "examples" / "keras_synthetic_benchmark.py"
+RANK_BENCH = REPO / "benchmarks" / "network_allreduce.py"
+UNSHAPED = "none"
+THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rate", default="1gbit", help="tc rate of the shaped link (default: %(default)s)")
+    parser.add_argument("--models", nargs="+", default=["mlp", "small_cnn", "cifar_resnet20"])
+    parser.add_argument("--batch_size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=2, help="training runs per configuration, in turns")
+    parser.add_argument("--num_iters", type=int, default=5, help="timed iterations of 10 batches per run")
+    parser.add_argument("--repeats", type=int, default=5, help="repeats of each allreduce case")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["allreduce", "training"])
+    parser.add_argument("--job_timeout_s", type=int, default=900)
+    parser.add_argument("--json", default=str(REPO / "bench-results" / "network.json"))
+    return parser.parse_args()
+
+
+ARGS = parse_args()
+
+
+class Cluster:
+    """A 2-host cluster of scripts/netns_cluster.sh, removed by down()."""
+
+    def __init__(self):
+        made = subprocess.run([str(CLUSTER_SCRIPT), "up", "--hosts", "2", "--owner", str(os.getpid())],
+                              capture_output=True, text=True, timeout=120)
+        if made.returncode != 0:
+            raise SystemExit(f"cannot make the test cluster: {made.stderr.strip()}")
+        directory = pathlib.Path(made.stdout.strip().splitlines()[-1])
+        self.env = dict(line.split("=", 1) for line in (directory / "env").read_text().splitlines())
+        self.hosts = self.env["NETNS_CLUSTER_HOSTS"].split(",")
+
+    def shape(self, rate):
+        subprocess.run([str(CLUSTER_SCRIPT), "shape", self.env["NETNS_CLUSTER_DIR"], rate], check=True,
+                       capture_output=True, timeout=60)
+
+    def down(self):
+        subprocess.run([str(CLUSTER_SCRIPT), "down", self.env["NETNS_CLUSTER_DIR"]], capture_output=True, timeout=120)
+
+    def on_host(self, host, command, **kwargs):
+        return subprocess.Popen([self.env["NETNS_CLUSTER_LAUNCHER"], host, command], **kwargs)
+
+    def launch(self, command, extra_flags=(), env=None):
+        """Runs ``command`` as 2 ranks, one per host; returns its stdout (fails loudly)."""
+        argv = [sys.executable, "-m", "kerasdist.run", "-np", "2", "-H", ",".join(f"{h}:1" for h in self.hosts),
+                "--launcher-exec", self.env["NETNS_CLUSTER_LAUNCHER"], "--network-interface",
+                self.env["NETNS_CLUSTER_IFACE"], *extra_flags, *command]
+        return run(argv, {**job_environment(), "UCX_TLS": "tcp", **(env or {})})
+
+
+def job_environment():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KERASDIST_")}
+    env.update(THREADS, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
+    return env
+
+
+def run(argv, env):
+    done = subprocess.run(["timeout", "--kill-after=10", str(ARGS.job_timeout_s), *map(str, argv)], env=env,
+                          cwd=REPO, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.stderr.write(f"\nfailed ({done.returncode}): {' '.join(map(str, argv))}\n{done.stdout[-3000:]}\n"
+                         f"{done.stderr[-3000:]}\n")
+        raise SystemExit(1)
+    return done.stdout
+
+
+# ---- the link itself --------------------------------------------------------------------------
+
+STREAM_RECEIVER = ("import socket, time; s = socket.create_server(('', 5301)); c, _ = s.accept(); "
+                   "b = bytearray(1 << 20); n = 0; t = time.perf_counter()\n"
+                   "while (k := c.recv_into(b)): n += k\n"
+                   "print(n * 8 / (time.perf_counter() - t) / 1e9)")
+
+
+def tcp_stream_gbits(cluster, megabytes):
+    """One TCP stream from host 0 to host 1: Gbit/s as the receiver saw it."""
+    receiver = cluster.on_host(cluster.hosts[1], f'python3 -c "{STREAM_RECEIVER}"', stdout=subprocess.PIPE, text=True)
+    time.sleep(0.5)
+    sender = (f"import socket; c = socket.create_connection(('{cluster.hosts[1]}', 5301)); d = bytes(1 << 20)\n"
+              f"for _ in range({megabytes}): c.sendall(d)\nc.close()")
+    cluster.on_host(cluster.hosts[0], f'python3 -c "{sender}"').wait(timeout=120)
+    return float(receiver.communicate(timeout=120)[0])
+
+
+def measure_link(cluster, rate):
+    megabytes = 64 if rate != UNSHAPED else 512
+    return statistics.median(tcp_stream_gbits(cluster, megabytes) for _ in range(3))
+
+
+# ---- allreduce --------------------------------------------------------------------------------
+
+def bench_allreduce(cluster):
+    with tempfile.TemporaryDirectory() as scratch:
+        fused_json, unfused_json = pathlib.Path(scratch, "fused.json"), pathlib.Path(scratch, "unfused.json")
+        common = [sys.executable, RANK_BENCH, "--repeats", str(ARGS.repeats)]
+        print(cluster.launch([*common, "--json", fused_json]), flush=True)
+        print(cluster.launch([*common, "--only", "many", "--json", unfused_json], extra_flags=["--fusion-threshold-mb", "0"]),
+              flush=True)
+        fused, unfused = json.loads(fused_json.read_text()), json.loads(unfused_json.read_text())
+    fused["many_unfused"] = unfused["many"]
+    return fused
+
+
+# ---- training ---------------------------------------------------------------------------------
+
+def merged_seconds(intervals):
+    """Total length of the union of (start, end) intervals."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start > reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
+def read_timeline(path):
+    text = pathlib.Path(path).read_text().rstrip()
+    if not text.endswith("]"):  # a run that did not close its timeline
+        text = text.rstrip(",") + "]"
+    return json.loads(text)
+
+
+def timeline_summary(timeline_path, steps):
+    """MPI time per step (union of the "allreduce" phases) and collective requests per step (a
+    request is one name negotiated; DistributedOptimizer sends all of a step's gradients as one
+    grouped request from apply(), i.e. after the whole backward pass)."""
+    events = [e for e in read_timeline(timeline_path) if e.get("ph") == "X"]
+    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "allreduce"]
+    return {"communication_ms_per_step": merged_seconds(intervals) / 1e3 / steps if intervals else None,
+            "requests_per_step": sum(1 for e in events if e.get("name") == "queued") / steps}
+
+
+def example_command(model):
+    return [sys.executable, EXAMPLE, f"--model={model}", f"--batch_size={ARGS.batch_size}", "--num_warmup_batches=10",
+            "--num_batches_per_iter=10", f"--num_iters={ARGS.num_iters}"]
+
+
+def result_line(output):
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def train_one_process(model):
+    return result_line(run(example_command(model), job_environment()))
+
+
+def train_two_hosts(cluster, model):
+    with tempfile.TemporaryDirectory() as scratch:
+        timeline = pathlib.Path(scratch, "timeline.json")
+        result = result_line(cluster.launch(example_command(model), extra_flags=["--timeline", timeline]))
+        steps = 10 + 10 * ARGS.num_iters  # warm-up batches, then the timed ones
+        result.update(timeline_summary(timeline, steps))
+    return result
+
+
+def bench_training(cluster, links):
+    runs = []
+    for round_index in range(ARGS.rounds):
+        for model in ARGS.models:
+            single = train_one_process(model)
+            runs.append({"round": round_index, "model": model, "link": "one process", **single})
+            print(f"  round {round_index + 1} {model:<15} one process  {single['step_ms']:7.1f} ms/step "
+                  f"(CPU {single['cpu_ms_per_step_per_rank']:.1f}; load {os.getloadavg()[0]:.1f})", flush=True)
+            for label, rate in links:
+                cluster.shape(rate)
+                two = train_two_hosts(cluster, model)
+                runs.append({"round": round_index, "model": model, "link": label, **two})
+                comm = two["communication_ms_per_step"]
+                print(f"  round {round_index + 1} {model:<15} 2 hosts, {label:<9} {two['step_ms']:7.1f} ms/step "
+                      f"(CPU {two['cpu_ms_per_step_per_rank']:.1f}), MPI {comm if comm is None else round(comm, 2)} "
+                      f"ms/step, {two['requests_per_step']:.2f} requests per step", flush=True)
+    return runs
+
+
+# ---- tables -----------------------------------------------------------------------------------
+
+def human(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+def print_allreduce_tables(label, gbits, results):
+    print(f"\n### {label}: TCP stream {gbits:.2f} Gbit/s\n")
+    print("| op | size | link limit | raw MPI | kerasdist | raw / kerasdist (range) | kerasdist, share of link limit |")
+    print("|---|---|---|---|---|---|---|")
+    for row in results["sizes"]:
+        limit_s = row["bytes"] * 8 / (gbits * 1e9)
+        print(f"| {row['op']} | {human(row['bytes'])} | {limit_s * 1e3:.3f} ms | {row['raw_s'] * 1e3:.3f} ms | "
+              f"{row['ours_s'] * 1e3:.3f} ms | {row['ratio']:.2f} ({row['ratio_low']:.2f}–{row['ratio_high']:.2f}) | "
+              f"{limit_s / row['ours_s']:.2f} |")
+    fused, unfused = results["many"], results["many_unfused"]
+    print(f"\n| {fused['tensors']} × {human(fused['bytes'] // fused['tensors'])} per step | ms |")
+    print("|---|---|")
+    print(f"| link limit | {fused['bytes'] * 8 / (gbits * 1e9) * 1e3:.1f} |")
+    for name in ("raw per tensor", "raw flat"):
+        print(f"| {name} | {fused['seconds'][name] * 1e3:.1f} |")
+    print(f"| kerasdist grouped, fused (default threshold) | {fused['seconds']['grouped'] * 1e3:.1f} |")
+    print(f"| kerasdist grouped, unfused (threshold 0) | {unfused['seconds']['grouped'] * 1e3:.1f} |")
+    print(f"| **fused speed-up** (unfused / fused) | **{unfused['seconds']['grouped'] / fused['seconds']['grouped']:.2f}×** |")
+    print("\n| size | link limit | raw MPI float32 | none | fp16 | bf16 | fp16 speed-up | bf16 speed-up |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in results["compression"]:
+        limit_ms = row["bytes"] * 8 / (gbits * 1e9) * 1e3
+        print(f"| {human(row['bytes'])} | {limit_ms:.1f} ms | {row['raw'] * 1e3:.1f} ms | {row['none'] * 1e3:.1f} ms | "
+              f"{row['fp16'] * 1e3:.1f} ms | {row['bf16'] * 1e3:.1f} ms | {row['none'] / row['fp16']:.2f}× | "
+              f"{row['none'] / row['bf16']:.2f}× |")
+
+
+def print_training_table(runs, links, link_gbits):
+    print("\n### Training: model.fit, 64 images per rank, medians over rounds\n")
+    print("step: wall ms per step (slowest rank); CPU: CPU ms per step of a rank (all its threads), which "
+          "other processes on the machine disturb far less; MPI: union of the timeline's allreduce phases "
+          "per step; added: 2-host step - one-process step; requests: collectives negotiated per step "
+          "(all gradients are one grouped request, sent after the backward pass); E(2) = 2-host "
+          "throughput / (2 x one process).\n")
+    print("| model | parameters | link | gradient at link rate | 1 process step (CPU) | 2 hosts step (CPU) | "
+          "MPI | added | requests | E(2) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for model in ARGS.models:
+        mine = [r for r in runs if r["model"] == model]
+
+        def median_of(selected, key):
+            values = [r[key] for r in selected if r.get(key) is not None]
+            return statistics.median(values) if values else float("nan")
+
+        alone = [r for r in mine if r["link"] == "one process"]
+        single_step, single_cpu = median_of(alone, "step_ms"), median_of(alone, "cpu_ms_per_step_per_rank")
+        parameters = mine[0]["parameters"]
+        for label, _ in links:
+            two = [r for r in mine if r["link"] == label]
+            step, cpu, comm = median_of(two, "step_ms"), median_of(two, "cpu_ms_per_step_per_rank"), \
+                median_of(two, "communication_ms_per_step")
+            requests = median_of(two, "requests_per_step")
+            efficiency = median_of(two, "images_per_second") / (2 * median_of(alone, "images_per_second"))
+            wire_ms = parameters * 4 * 8 / (link_gbits[label] * 1e9) * 1e3
+            print(f"| {model} | {parameters:,} | {label} | {wire_ms:.1f} ms | {single_step:.1f} ({single_cpu:.1f}) | "
+                  f"{step:.1f} ({cpu:.1f}) | {comm:.1f} | {step - single_step:.1f} | {requests:.2f} | "
+                  f"{efficiency:.2f} |")
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")  # so that the cluster is removed on SIGTERM too
+
+
+def main():
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    links = [(ARGS.rate.replace("gbit", " Gbit"), ARGS.rate), ("unshaped", UNSHAPED)]
+    cluster = Cluster()
+    results = {"date": started, "cpus": os.cpu_count(), "links": {}, "training": []}
+    try:
+        for label, rate in links:
+            cluster.shape(rate)
+            gbits = measure_link(cluster, rate)
+            print(f"\n== {label} link: one TCP stream {gbits:.2f} Gbit/s (load {os.getloadavg()[0]:.1f})", flush=True)
+            results["links"][label] = {"rate": rate, "tcp_gbits": gbits}
+            if "allreduce" not in ARGS.skip:
+                results["links"][label]["allreduce"] = bench_allreduce(cluster)
+        if "training" not in ARGS.skip:
+            results["training"] = bench_training(cluster, links)
+    finally:
+        cluster.down()
+        signal.signal(signal.SIGTERM, previous)
+    results["load_average_at_end"] = os.getloadavg()
+
+    print(f"\n## kerasdist over a network, {started}, 2 emulated hosts x 1 rank, {os.cpu_count()} CPUs")
+    link_gbits = {label: data["tcp_gbits"] for label, data in results["links"].items()}
+    for label, data in results["links"].items():
+        if "allreduce" in data:
+            print_allreduce_tables(label, data["tcp_gbits"], data["allreduce"])
+    if results["training"]:
+        print_training_table(results["training"], links, link_gbits)
+    path = pathlib.Path(ARGS.json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=2))
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,239 @@
+"""Allreduce over a network: kerasdist against raw MPI (mpi4py) on the same link, rank side.
+
+Every rank of a job runs this file; benchmarks/network.py starts it across emulated hosts and
+prints the tables. It can also run on its own, e.g. across two real hosts:
+
+  .venv/bin/kerasdist-run -np 2 -H node1:1,node2:1 .venv/bin/python benchmarks/network_allreduce.py \
+      --json out.json
+
+Sections (--only):
+  sizes        float32 tensors of --sizes_kib, reduced with Sum and with Average. Ours:
+               kd.allreduce in a tf.function loop, each op taking the previous result. Raw:
+               comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM) on a NumPy array, and for Average
+               also buf *= 1/size, what a user of raw MPI would write.
+  many         --many_tensors float32 tensors of --many_tensor_kib: one kd.grouped_allreduce
+               per step, against one raw Allreduce per tensor and one of a flat buffer. Run
+               once with the default fusion threshold and once with
+               KERASDIST_FUSION_THRESHOLD=0 to compare fused and unfused.
+  compression  kd.allreduce(op=Average) of float32 tensors of --compression_sizes_kib with
+               Compression.none, fp16 and bf16, against the raw float32 Sum.
+
+Timing: each case runs N times back to back (N calibrated to about --target_ms); time per op is
+the slowest rank's time / N; cases alternate within each of --repeats repeats and the median is
+reported, with the range of the per-repeat ratios against raw.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+KIB = 1024
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=["sizes", "many", "compression"],
+                        default=["sizes", "many", "compression"])
+    parser.add_argument("--sizes_kib", type=int, nargs="+", default=[4, 64, 1024, 4096, 16384, 65536])
+    parser.add_argument("--compression_sizes_kib", type=int, nargs="+", default=[1024, 16384])
+    parser.add_argument("--many_tensors", type=int, default=160)
+    parser.add_argument("--many_tensor_kib", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--target_ms", type=float, default=200.0)
+    parser.add_argument("--min_iters", type=int, default=2)
+    parser.add_argument("--max_iters", type=int, default=2000)
+    parser.add_argument("--json", default=None, help="rank 0 writes the results here")
+    return parser.parse_args()
+
+
+ARGS = parse_args()
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+tf.config.threading.set_intra_op_parallelism_threads(1)
+tf.config.threading.set_inter_op_parallelism_threads(1)
+
+import kerasdist as kd  # noqa: E402
+
+kd.init()
+from mpi4py import MPI  # noqa: E402  (after kerasdist, which starts MPI)
+
+COMM = MPI.COMM_WORLD
+RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
+OPS = {"Sum": kd.Sum, "Average": kd.Average}
+
+
+def say(text):
+    if RANK == 0:
+        print(text, flush=True)
+
+
+def timed(fn, iters):
+    COMM.Barrier()
+    start = time.perf_counter()
+    fn(iters)
+    return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
+
+
+def calibrate(fn):
+    fn(1)  # tracing, first allocations, connections
+    probe = 1
+    while True:
+        seconds = timed(fn, probe)
+        if seconds >= 0.02 or probe >= ARGS.max_iters:
+            break
+        probe *= 4
+    iters = int(ARGS.target_ms / 1e3 / max(seconds / probe, 1e-7))
+    return COMM.bcast(min(max(iters, ARGS.min_iters), ARGS.max_iters), root=0)
+
+
+def compare(cases):
+    """name -> seconds per op, medians over repeats, and the per-repeat samples."""
+    iters = {name: calibrate(fn) for name, fn in cases.items()}
+    samples = {name: [] for name in cases}
+    for _ in range(ARGS.repeats):
+        for name, fn in cases.items():
+            samples[name].append(timed(fn, iters[name]) / iters[name])
+    return {name: {"seconds": statistics.median(s), "samples": s} for name, s in samples.items()}
+
+
+def ratio_to_raw(results, name, raw="raw"):
+    """raw time / our time: the median's, and the range over repeats (>1: we are faster)."""
+    per_repeat = [r / o for r, o in zip(results[raw]["samples"], results[name]["samples"])]
+    return results[raw]["seconds"] / results[name]["seconds"], min(per_repeat), max(per_repeat)
+
+
+def human(nbytes):
+    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+
+
+@tf.function
+def chained(x, iters, op):
+    for _ in tf.range(iters):
+        x = kd.allreduce(x, op=op)
+    return x
+
+
+@tf.function
+def chained_compressed(x, iters, compression):
+    for _ in tf.range(iters):
+        x = kd.allreduce(x, op=kd.Average, compression=compression)
+    return x
+
+
+def check_sum(elems):
+    got = kd.allreduce(tf.fill([elems], float(RANK + 1)), op=kd.Sum).numpy()
+    if not np.all(got == SIZE * (SIZE + 1) / 2):
+        raise SystemExit(f"rank {RANK}: wrong allreduce result for {elems} floats")
+
+
+def raw_allreduce(buf, average):
+    scale = np.float32(1.0 / SIZE)
+
+    def run(iters):
+        for _ in range(iters):
+            COMM.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
+            if average:
+                np.multiply(buf, scale, out=buf)
+    return run
+
+
+def bench_sizes():
+    rows = []
+    say(f"\nallreduce float32, {SIZE} ranks: seconds per op (median of {ARGS.repeats}, slowest rank)")
+    say(f"{'op':<8} {'size':>8} {'raw':>10} {'kerasdist':>10} {'raw/ours':>9} {'range':>11} {'ours Gbit/s':>11}")
+    for op_name, op in OPS.items():
+        for kib in ARGS.sizes_kib:
+            elems = kib * KIB // 4
+            check_sum(elems)
+            buf = np.zeros(elems, np.float32)
+            x = tf.zeros([elems], tf.float32)
+            results = compare({"raw": raw_allreduce(buf, op_name == "Average"),
+                               "ours": lambda n, x=x, op=op: chained(x, tf.constant(n), op)})
+            ratio, low, high = ratio_to_raw(results, "ours")
+            nbytes = elems * 4
+            row = {"op": op_name, "bytes": nbytes, "raw_s": results["raw"]["seconds"],
+                   "ours_s": results["ours"]["seconds"], "ratio": ratio, "ratio_low": low, "ratio_high": high}
+            rows.append(row)
+            say(f"{op_name:<8} {human(nbytes):>8} {row['raw_s'] * 1e3:8.3f}ms {row['ours_s'] * 1e3:8.3f}ms "
+                f"{ratio:9.2f} {low:5.2f}-{high:<5.2f} {nbytes * 8 / row['ours_s'] / 1e9:11.2f}")
+    return rows
+
+
+def bench_many():
+    shapes = [(ARGS.many_tensor_kib * KIB // 4,)] * ARGS.many_tensors
+    total = sum(s[0] for s in shapes) * 4
+    threshold = os.environ.get("KERASDIST_FUSION_THRESHOLD", "default")
+
+    @tf.function
+    def grouped(steps):
+        xs = [tf.zeros(shape) for shape in shapes]
+        for _ in tf.range(steps):
+            xs = kd.grouped_allreduce(xs, op=kd.Sum)
+        return xs
+
+    outs = tf.function(lambda: kd.grouped_allreduce([tf.fill(s, float(RANK + i)) for i, s in enumerate(shapes)],
+                                                    op=kd.Sum))()
+    for i, out in enumerate(outs):
+        if not np.all(out.numpy() == SIZE * i + SIZE * (SIZE - 1) / 2):
+            raise SystemExit(f"rank {RANK}: wrong grouped result for tensor {i}")
+    bufs = [np.zeros(shape, np.float32) for shape in shapes]
+    flat = np.zeros(total // 4, np.float32)
+
+    def raw_per_tensor(steps):
+        for _ in range(steps):
+            for b in bufs:
+                COMM.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
+
+    results = compare({"raw per tensor": raw_per_tensor, "raw flat": raw_allreduce(flat, False),
+                       "grouped": lambda n: grouped(tf.constant(n))})
+    say(f"\n{len(shapes)} x {ARGS.many_tensor_kib} KiB ({human(total)}), KERASDIST_FUSION_THRESHOLD={threshold}: "
+        f"ms per step (median of {ARGS.repeats})")
+    for name, r in results.items():
+        say(f"  {name:<16} {r['seconds'] * 1e3:8.2f} ms")
+    return {"threshold": threshold, "tensors": len(shapes), "bytes": total,
+            "seconds": {name: r["seconds"] for name, r in results.items()},
+            "samples": {name: r["samples"] for name, r in results.items()}}
+
+
+def bench_compression():
+    rows = []
+    compressions = {"none": kd.Compression.none, "fp16": kd.Compression.fp16, "bf16": kd.Compression.bf16}
+    say(f"\nallreduce(op=Average) of float32 with compression: ms per op (median of {ARGS.repeats})")
+    for kib in ARGS.compression_sizes_kib:
+        elems = kib * KIB // 4
+        buf = np.zeros(elems, np.float32)
+        x = tf.zeros([elems], tf.float32)
+        cases = {"raw": raw_allreduce(buf, False)}
+        for name, compression in compressions.items():
+            cases[name] = lambda n, x=x, c=compression: chained_compressed(x, tf.constant(n), c)
+        results = compare(cases)
+        row = {"bytes": elems * 4, **{name: r["seconds"] for name, r in results.items()}}
+        rows.append(row)
+        say(f"  {human(elems * 4):>8}: " + "  ".join(f"{name} {r['seconds'] * 1e3:.2f}" for name, r in results.items()))
+    return rows
+
+
+def main():
+    say(f"network_allreduce: {SIZE} ranks, {MPI.Get_library_version().splitlines()[0].strip()}, "
+        f"UCX_TLS={os.environ.get('UCX_TLS', 'unset')}")
+    results = {"ranks": SIZE}
+    if "sizes" in ARGS.only:
+        results["sizes"] = bench_sizes()
+    if "many" in ARGS.only:
+        results["many"] = bench_many()
+    if "compression" in ARGS.only:
+        results["compression"] = bench_compression()
+    if RANK == 0 and ARGS.json:
+        with open(ARGS.json, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

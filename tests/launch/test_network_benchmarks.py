@@ -1,0 +1,43 @@
+"""The rank sides of `make bench-net` run end to end at 2 ranks on one host, on tiny sizes, and
+report every case (the speed over emulated links is `make bench-net`'s job)."""
+
+import json
+import sys
+
+from launch_utils import LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_job
+
+pytestmark = LAUNCH_TEST_MARKS
+BENCHMARKS = REPO_ROOT / "benchmarks"
+
+
+def run_benchmark(tmp_path, script, *flags, **env):
+    argv = [MPIEXEC, "-n", "2", sys.executable, BENCHMARKS / script, *flags]
+    job = run_job(argv, tmp_path, child_env(**env), timeout=240, script_name=script)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    return job
+
+
+def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_path):
+    results_path = tmp_path / "network_allreduce.json"
+    run_benchmark(tmp_path, "network_allreduce.py", "--sizes_kib", "4", "64", "--compression_sizes_kib", "64",
+                  "--many_tensors", "4", "--many_tensor_kib", "4", "--repeats", "1", "--target_ms", "5",
+                  "--json", results_path)
+    results = json.loads(results_path.read_text())
+    assert results["ranks"] == 2
+    assert [(row["op"], row["bytes"]) for row in results["sizes"]] == [
+        ("Sum", 4096), ("Sum", 65536), ("Average", 4096), ("Average", 65536)]
+    assert all(row["raw_s"] > 0 and row["ours_s"] > 0 for row in results["sizes"])
+    assert set(results["many"]["seconds"]) == {"raw per tensor", "raw flat", "grouped"}
+    assert [sorted(row) for row in results["compression"]] == [["bf16", "bytes", "fp16", "none", "raw"]]
+
+
+def test_negotiation_benchmark_reports_fast_and_slow_path_cycles(tmp_path):
+    reports = []
+    for capacity in ("1024", "1"):
+        job = run_benchmark(tmp_path, "negotiation.py", "--iterations", "5", "--repeats", "2",
+                            KERASDIST_CACHE_CAPACITY=capacity)
+        lines = job.lines_with("NEGOTIATION ")
+        assert len(lines) == 1, job.describe()  # rank 0 only
+        reports.append(json.loads(lines[0]))
+    assert [(r["ranks"], r["cache_capacity"]) for r in reports] == [(2, 1024), (2, 1)]
+    assert all(len(r["ours_samples"]) == 2 and r["ours_s"] > 0 and r["raw_s"] > 0 for r in reports)
