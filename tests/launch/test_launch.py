@@ -73,22 +73,6 @@ def test_a_stalled_tensor_is_reported_then_fails_with_its_name(tmp_path):
         "stall warning does not name the missing rank 1" + job.describe())
 
 
-def test_timeline_is_chrome_trace_json_with_the_tensor_names(tmp_path):
-    path = tmp_path / "timeline.json"
-    job = mpirun("timeline.py", cwd=tmp_path, env=child_env(KERASDIST_TIMELINE=path))
-    assert job.returncode == 0 and not job.timed_out, job.describe()
-    assert path.exists(), "no timeline written" + job.describe()
-
-    trace = json.loads(path.read_text())
-    events = trace if isinstance(trace, list) else trace.get("traceEvents")
-    assert isinstance(events, list) and events, f"not a Chrome trace: {str(trace)[:500]}"
-    assert all(isinstance(e, dict) and "ph" in e for e in events), str(events[:5])
-    text = json.dumps(events)
-    for name in ("timeline_allreduce_tensor", "timeline_allgather_tensor",
-                 "timeline_broadcast_tensor", "timeline_in_function_tensor"):
-        assert name in text, f"{name} missing from the timeline"
-
-
 def _fusion_run(tmp_path, label, threshold):
     out_dir = tmp_path / label
     out_dir.mkdir()
