@@ -152,6 +152,28 @@ def test_learning_rate_follows_the_rule_and_the_cap_holds(lr_scaling, factor):
     assert optimizer.backward_passes_per_step == 4  # raised from 1: the train function was rebuilt
 
 
+def test_checks_come_every_check_every_epochs_epochs_and_only_they_grow():
+    per_rank_batch = 4
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.001))
+    model = model_off_the_optimum(optimizer)
+    x, y = regression_data(per_rank_batch * 8, seed=6)
+    growth = AdaptiveBatchGrowth(signal="noise_scale", batch_size=per_rank_batch, check_every_epochs=2,
+                                 max_epochs_without_growth=1)  # every check grows
+    passes_per_epoch = []
+
+    class Passes(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            passes_per_epoch.append(optimizer.backward_passes_per_step)
+
+    history = model.fit(x, y, batch_size=per_rank_batch, epochs=5, verbose=0,
+                        callbacks=kd.callbacks(batch_growth=growth, extra=[Passes()]))
+    assert [record["epoch"] for record in growth.history] == [1, 3]
+    assert passes_per_epoch == [1, 1, 2, 2, 4]
+    start = per_rank_batch * SIZE
+    assert [record["batch_size"] for record in growth.history] == [start, 2 * start]
+    assert history.history["batch_size"] == [start, 2 * start]  # logged by the checking epochs only
+
+
 def test_bad_growth_arguments_are_named():
     with pytest.raises(ValueError, match="batch_size="):
         AdaptiveBatchGrowth()
