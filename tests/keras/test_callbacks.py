@@ -232,15 +232,19 @@ def test_warmup_with_accumulated_micro_batches_scales_by_them_and_corrects_veloc
     np.testing.assert_allclose(probe.velocity_ratios, expected_ratios, rtol=1e-5)
 
 
-def test_schedule_without_staircase_follows_the_fractional_epoch_every_batch():
-    base_lr, steps, epochs = 0.02, 2, 3
+@pytest.mark.parametrize("passes", [1, 2])
+def test_schedule_without_staircase_follows_the_fractional_epoch_every_batch(passes):
+    # With k = 2 accumulated micro-batches the batch scale is ranks × 2.
+    base_lr, steps, epochs = 0.02, 4, 3
     model = classifier()
-    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="sparse_categorical_crossentropy")
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr), backward_passes_per_step=passes),
+                  loss="sparse_categorical_crossentropy")
     x, y = shard_of_unequal_size(RANK, seed=20)
+    x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
     probe = LearningRateProbe()
-    model.fit(x[:4], y[:4], batch_size=2, epochs=epochs, shuffle=False, verbose=0,
+    model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
               callbacks=[LearningRateSchedule(lambda epoch: 1.0 / (1.0 + epoch), staircase=False), probe])
-    expected = [base_lr * SIZE / (1.0 + e + b / steps) for e in range(epochs) for b in range(steps)]
+    expected = [base_lr * SIZE * passes / (1.0 + e + b / steps) for e in range(epochs) for b in range(steps)]
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
 
 
