@@ -1,7 +1,8 @@
 """The timeline (KERASDIST_TIMELINE) holds what the README's Knobs table promises: a Chrome trace
 that rank 0 alone writes, with each tensor's queued / copy_in / allreduce / scale phases (copy_in
-for fused tensors only), the per-op phase of the other collectives, and a mark per negotiation
-cycle. One 2-rank job (scripts/timeline.py) writes the trace all tests here read."""
+for fused tensors only; a compressed tensor reduced alone is copied in and out instead of
+scaled), the per-op phase of the other collectives, and a mark per negotiation cycle. One 2-rank
+job (scripts/timeline.py) writes the trace all tests here read."""
 
 import json
 
@@ -17,6 +18,7 @@ EXPECTED_PHASES = {
     "timeline_allreduce_tensor": UNFUSED,
     "timeline_large_tensor": UNFUSED,
     "timeline_in_function_tensor": UNFUSED,
+    "timeline_compressed_tensor": ["queued", "copy_in", "allreduce", "copy_out"],  # to 16 bits and back
     "timeline_allgather_tensor": ["queued", "allgather"],
     "timeline_broadcast_tensor": ["queued", "broadcast"],
 }
@@ -100,9 +102,9 @@ def test_each_tensor_of_a_fused_group_is_copied_in_reduced_and_scaled(events):
     assert allreduce["ts"] + allreduce["dur"] == pytest.approx(scale["ts"], abs=TIME_SLACK_US)
 
 
-def test_only_fused_tensors_are_copied_in(events):
+def test_only_fused_and_compressed_tensors_are_copied_in(events):
     copied = {name for name, found in phases_of(events).items() if any(e["name"] == "copy_in" for e in found)}
-    assert copied == {GROUPED}
+    assert copied == {GROUPED, "timeline_compressed_tensor"}
 
 
 def test_each_cycle_mark_counts_the_requests_negotiated_in_its_cycle(events):

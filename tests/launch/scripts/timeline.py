@@ -18,6 +18,7 @@ print(f"LAUNCH_PID rank={rank} pid={os.getpid()}", flush=True)
 x = tf.ones([16, 4])
 kd.allreduce(x, op=kd.Sum, name="timeline_allreduce_tensor")  # alone in its cycle: not fused
 kd.allreduce(tf.ones([100_000]), op=kd.Sum, name="timeline_large_tensor")  # > 256 KiB: never fused
+kd.allreduce(x, op=kd.Sum, name="timeline_compressed_tensor", compression=kd.Compression.fp16)  # alone, 16-bit
 kd.allgather(x, name="timeline_allgather_tensor")
 kd.broadcast(x, root_rank=0, name="timeline_broadcast_tensor")
 kd.grouped_allreduce([x, x * 2, x * 3], op=kd.Sum, name="timeline_grouped_tensor")  # 3 tensors, fused
