@@ -31,14 +31,17 @@ $(VENV)/.built: $(VENV)/.editable $(OP_LIBRARY_SOURCES)
 	touch $@
 
 # Size 1 runs everything (tests/launch spawns its own mpiexec jobs); the collectives and
-# Keras-layer suites then run inside 2 and 3 ranks, and the docstring examples (written for
-# any size) at 1 and 2. Each mpiexec is bounded so a hang fails instead of waiting.
+# Keras-layer suites then run inside 2 and 3 ranks (the collectives once more at 3 with fusion
+# and splitting off: every tensor then takes the engine's unfused path), and the docstring
+# examples (written for any size) at 1 and 2. Each mpiexec is bounded so a hang fails instead
+# of waiting.
 test: build
 	$(RUN_ENV) $(PY) -m pytest -q tests
 	$(RUN_ENV) $(PY) -m pytest -q -p no:cacheprovider --doctest-modules kerasdist
 	$(RUN_ENV) timeout 300 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider --doctest-modules kerasdist
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
+	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 

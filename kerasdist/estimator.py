@@ -382,6 +382,8 @@ class Estimator:
     Example:
 
     ```python
+    import tempfile
+
     import keras
     import numpy as np
     import tensorflow as tf
@@ -404,7 +406,7 @@ class Estimator:
     def input_fn(params):  # sharded across ranks automatically
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"])
 
-    classifier = estimator.Estimator(model_fn, model_dir="/tmp/three_classes", params={"batch_size": 32})
+    classifier = estimator.Estimator(model_fn, model_dir=tempfile.mkdtemp(), params={"batch_size": 32})
     classifier.train(lambda params: input_fn(params).repeat(), steps=100)
     print(classifier.evaluate(input_fn))  # {'loss': ..., 'accuracy': ..., 'global_step': 100}
     first = next(classifier.predict(input_fn))  # {'class': ...}

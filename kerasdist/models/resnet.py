@@ -65,8 +65,9 @@ def cifar_resnet(depth=20, input_shape=(32, 32, 3), num_classes=10, classifier_a
     from kerasdist.models import cifar_resnet
 
     model = cifar_resnet(depth=20)
-    print(model.count_params())                       # 271098 (269722 trainable)
-    probabilities = model(np.zeros((2, 32, 32, 3)))   # shape (2, 10)
+    print(model.count_params())                                          # 271098
+    print(sum(int(np.prod(w.shape)) for w in model.trainable_weights))  # 269722
+    probabilities = model(np.zeros((2, 32, 32, 3)))                      # shape (2, 10)
     ```
 
     References:

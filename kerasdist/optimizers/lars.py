@@ -72,7 +72,7 @@ class LARS(LayerAdaptiveOptimizer):
                               keras.layers.Dense(1)])
     model.compile(optimizer=LARS(learning_rate=0.5, momentum=0.9), loss="mse")
     model.fit(np.ones((16, 4)), np.ones((16, 1)), epochs=1, verbose=0)
-    print(model.optimizer.trust_ratios())  # {'sequential/dense/kernel': 0.0016..., ...}
+    print(model.optimizer.trust_ratios())  # {'sequential/dense/kernel': ..., 'sequential/dense_1/kernel': ...}
     ```
 
     References:

@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 import kerasdist as kd
-from kd_testutil import (NUMERIC_DTYPES, RANK, SHAPES, SIZE, as_tensor, check,
+from kd_testutil import (ALL_DTYPES, RANK, SHAPES, SIZE, as_tensor, check,
                          dtype_id, rank_values, run, shape_id)
 
 
@@ -28,7 +28,7 @@ def _exchange(dtype, inner, splits_of, salt=""):
 
 @pytest.mark.parametrize("splits_mode", ["equal", "uneven"])
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
-@pytest.mark.parametrize("dtype", NUMERIC_DTYPES, ids=dtype_id)
+@pytest.mark.parametrize("dtype", ALL_DTYPES, ids=dtype_id)
 def test_alltoall_exchanges_rows(dtype, shape, splits_mode):
     if splits_mode == "equal":
         splits_of = lambda src: [shape[0]] * SIZE  # noqa: E731
@@ -51,7 +51,7 @@ def test_alltoall_takes_splits_as_a_tensor(splits_dtype):
     check(out, expected, tf.float32)
 
 
-@pytest.mark.parametrize("dtype", [tf.int8, tf.int64, tf.bfloat16, tf.float32], ids=dtype_id)
+@pytest.mark.parametrize("dtype", [tf.int8, tf.int64, tf.bfloat16, tf.float32, tf.bool], ids=dtype_id)
 def test_alltoall_in_tf_function(dtype):
     sent, expected = _exchange(dtype, (3,), _uneven_splits, salt="fn")
     out = run("function", lambda x, s: kd.alltoall(x, splits=s),

@@ -1,6 +1,7 @@
 """Compression: float32/float64 travel as float16/bfloat16 and come back in
 their own dtype; every other dtype passes through untouched."""
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -30,6 +31,50 @@ def test_compression_none_is_the_default_and_exact():
     expected = np.sum([np.float32([r + 1 / 3, 1e-8 * (r + 1)]) for r in range(SIZE)],
                       axis=0, dtype=np.float64)
     np.testing.assert_allclose(default.numpy(), expected, rtol=1e-6)
+
+
+# float32 values that round differently to float16 (10 fraction bits) and bfloat16 (7), so
+# the result tells which dtype travelled: 1 + 2^-9 + 2^-12 is 1 + 2^-9 in float16 but 1 in
+# bfloat16; 1000.3 is 1000.5 and 1000; 0.1, -3e-3 and the fourth differ in all three.
+_ROUNDING_PROBES = np.float32([1 + 2**-9 + 2**-12, 1000.3, 0.1, -(2 + 2**-5 + 2**-8 + 2**-14), -3e-3])
+_WIRE_DTYPES = {"none": None, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def _as_sent_by(name, values):
+    """What the wire makes of float32 values (NumPy's rounding, not TensorFlow's), as float64."""
+    wire = _WIRE_DTYPES[name]
+    return (values if wire is None else values.astype(wire)).astype(np.float64)
+
+
+def _one_sender_per_element(rank):
+    """Element i is sent by rank i % SIZE, the others send 0: the sum is the sender's value as
+    the wire carried it, with no rounding of its own."""
+    values = np.tile(_ROUNDING_PROBES, SIZE)
+    return np.where(np.arange(len(values)) % SIZE == rank, values, np.float32(0))
+
+
+def test_the_rounding_probes_tell_the_three_wire_formats_apart():
+    none, fp16, bf16 = (_as_sent_by(name, _ROUNDING_PROBES) for name in ("none", "fp16", "bf16"))
+    assert np.all(none != fp16) and np.all(none != bf16) and np.all(fp16 != bf16)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", WIDE_FLOATS, ids=dtype_id)
+@pytest.mark.parametrize("compression", ["none"] + COMPRESSIONS)
+def test_values_travel_in_the_wire_dtype_and_come_back_rounded_by_it(compression, dtype, mode):
+    out = run(mode, lambda x: kd.allreduce(x, op=kd.Sum, compression=_compression(compression)),
+              tf.constant(_one_sender_per_element(RANK), dtype))
+    check(out, _as_sent_by(compression, np.tile(_ROUNDING_PROBES, SIZE)), dtype)
+
+
+@pytest.mark.parametrize("compression", ["none"] + COMPRESSIONS)
+def test_each_tensor_of_a_group_travels_in_the_wire_dtype(compression):
+    sent = [_one_sender_per_element(RANK), -2 * _one_sender_per_element(RANK)]
+    outs = kd.grouped_allreduce([tf.constant(sent[0], tf.float32), tf.constant(sent[1], tf.float64)],
+                                op=kd.Sum, compression=_compression(compression))
+    probes = np.tile(_ROUNDING_PROBES, SIZE)
+    check(outs[0], _as_sent_by(compression, probes), tf.float32)
+    check(outs[1], _as_sent_by(compression, -2 * probes), tf.float64)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -92,8 +92,14 @@ def test_disagreement_fails_every_rank_quickly_then_the_world_recovers(kind):
     assert elapsed < DEADLINE_S, f"rank {RANK}: error took {elapsed:.1f}s"
     message = error.message
     assert name in message, f"tensor name missing from: {message}"
-    assert re.search(r"rank", message, re.IGNORECASE) and re.search(rf"\b{LAST}\b", message), (
-        f"disagreeing rank {LAST} not named in: {message}")
+    # "ranks 0, 1 sent shape [4]; rank 2 sent shape [5]": every rank named once, as a sender,
+    # and the last rank in a different clause from rank 0's.
+    senders = [[int(r) for r in clause.split(",")]
+               for clause in re.findall(r"\branks? (\d+(?:, \d+)*) sent\b", message)]
+    assert sorted(r for clause in senders for r in clause) == list(range(SIZE)), (
+        f"not every rank named once as a sender in: {message}")
+    clause_of = {r: i for i, clause in enumerate(senders) for r in clause}
+    assert clause_of[LAST] != clause_of[0], f"disagreeing rank {LAST} not told apart in: {message}"
 
 
 @needs_two_ranks

@@ -25,52 +25,71 @@ TRUE_GRADIENT_SQ = 4.0
 TRUE_TRACE = 4.0 * ((DIMENSIONS + 1) + DIMENSIONS * NOISE_VARIANCE)
 
 
-def regression_data(rows, seed):
+def regression_data(rows, seed, scale=1.0):
+    """`scale` multiplies y (and the model's weights, below): gradients grow by `scale`, B_noise stays."""
     rng = np.random.default_rng([seed, RANK])  # every rank draws its own samples
     x = rng.normal(size=(rows, DIMENSIONS)).astype("float32")
     y = (x @ np.ones((DIMENSIONS, 1)) + rng.normal(scale=math.sqrt(NOISE_VARIANCE), size=(rows, 1)))
-    return x, y.astype("float32")
+    return x, (scale * y).astype("float32")
 
 
-def model_off_the_optimum(optimizer):
-    """w = w* + δ with w* = 1 and |δ| = 1; a zero learning rate keeps it there."""
+def model_off_the_optimum(optimizer, scale=1.0):
+    """w = w* + δ with w* = 1 and |δ| = 1 (times `scale`); a zero learning rate keeps it there."""
     model = keras.Sequential([keras.Input((DIMENSIONS,)), keras.layers.Dense(1, use_bias=False)])
     delta = np.zeros((DIMENSIONS, 1), "float32")
     delta[0] = 1.0
-    model.set_weights([np.ones((DIMENSIONS, 1), "float32") + delta])
+    model.set_weights([scale * (np.ones((DIMENSIONS, 1), "float32") + delta)])
     model.compile(optimizer, loss="mse")
     return model
 
 
-def passes_for_four_small_batches():
-    """Micro-batches per update so that the big batch is several small ones on any world size."""
-    return 4 if SIZE == 1 else 2
+def micro_batches_per_update():
+    """One process needs k ≥ 2 for two batch sizes; several ranks have them with k = 1 too."""
+    return [4] if SIZE == 1 else [1, 2]
 
 
-def test_noise_scale_converges_to_the_closed_form():
+def fit_for_the_noise_scale(passes, compression=kd.Compression.none, scale=1.0, micro_batches=3000):
+    """Micro-batches of 32 on every rank at learning rate 0; returns the GradientNoiseScale."""
     batch = 32
     noise = kd.GradientNoiseScale(batch_size=batch, ema_decay=0.995)
     optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.0), gradient_noise_scale=noise,
-                                        backward_passes_per_step=passes_for_four_small_batches())
-    model = model_off_the_optimum(optimizer)
-    x, y = regression_data(batch * 3000, seed=1)
+                                        backward_passes_per_step=passes, compression=compression)
+    model = model_off_the_optimum(optimizer, scale)
+    x, y = regression_data(batch * micro_batches, seed=1, scale=scale)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=kd.callbacks())
-    assert noise.updates == 3000 // passes_for_four_small_batches()
-    assert noise.noise_scale() == pytest.approx(TRUE_NOISE_SCALE, rel=0.10)
-    assert noise.gradient_sq_norm() == pytest.approx(TRUE_GRADIENT_SQ, rel=0.10)
-    assert noise.trace_covariance() == pytest.approx(TRUE_TRACE, rel=0.10)
+    assert noise.updates == micro_batches // passes
+    return noise
+
+
+@pytest.mark.parametrize("passes", micro_batches_per_update())
+def test_noise_scale_converges_to_the_closed_form(passes):
+    # Within 4 % for this seeded data at 1, 2 and 3 ranks (README). Across 8 seeds at one rank
+    # the error of B_noise reached 5.2 %: the EMA (ema_decay=0.995) averages ~200 updates.
+    noise = fit_for_the_noise_scale(passes)
+    assert noise.noise_scale() == pytest.approx(TRUE_NOISE_SCALE, rel=0.04)
+    assert noise.gradient_sq_norm() == pytest.approx(TRUE_GRADIENT_SQ, rel=0.04)
+    assert noise.trace_covariance() == pytest.approx(TRUE_TRACE, rel=0.04)
     assert kd.allgather_object(noise.noise_scale()) == [noise.noise_scale()] * SIZE
 
 
+@pytest.mark.skipif(SIZE < 2, reason="needs 2 ranks: one process reduces nothing, so nothing is compressed")
+def test_the_noise_statistic_travels_uncompressed_beside_compressed_gradients():
+    # Gradients 100 times larger: a micro-batch's ‖g‖² (~1e5) exceeds float16's largest value
+    # (65504), so the estimate survives fp16 gradient compression only if that scalar is sent
+    # uncompressed. B_noise does not depend on the scale. Fewer updates than above: a looser
+    # tolerance, still far from the inf or nan a compressed scalar gives.
+    noise = fit_for_the_noise_scale(2, kd.Compression.fp16, scale=100.0, micro_batches=600)
+    assert noise.noise_scale() == pytest.approx(TRUE_NOISE_SCALE, rel=0.1)
+    assert noise.gradient_sq_norm() == pytest.approx(TRUE_GRADIENT_SQ * 100.0 ** 2, rel=0.1)
+
+
+@pytest.mark.skipif(SIZE > 1, reason="several ranks have two batch sizes with k = 1 (tested above)")
 def test_one_process_without_micro_batches_has_no_estimate():
     noise = kd.GradientNoiseScale(batch_size=8)
     model = model_off_the_optimum(kd.DistributedOptimizer(keras.optimizers.SGD(0.0), gradient_noise_scale=noise))
     x, y = regression_data(64, seed=2)
     model.fit(x, y, batch_size=8, verbose=0, callbacks=kd.callbacks())
-    if SIZE == 1:
-        assert noise.updates == 0 and math.isnan(noise.noise_scale())
-    else:
-        assert noise.updates == 8
+    assert noise.updates == 0 and math.isnan(noise.noise_scale())
 
 
 def growth_run(epochs, **growth_arguments):
@@ -131,6 +150,28 @@ def test_learning_rate_follows_the_rule_and_the_cap_holds(lr_scaling, factor):
     np.testing.assert_allclose(rates, [0.001, 0.001 * factor, 0.001 * factor ** 2, 0.001 * factor ** 2],
                                rtol=1e-6)
     assert optimizer.backward_passes_per_step == 4  # raised from 1: the train function was rebuilt
+
+
+def test_checks_come_every_check_every_epochs_epochs_and_only_they_grow():
+    per_rank_batch = 4
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.001))
+    model = model_off_the_optimum(optimizer)
+    x, y = regression_data(per_rank_batch * 8, seed=6)
+    growth = AdaptiveBatchGrowth(signal="noise_scale", batch_size=per_rank_batch, check_every_epochs=2,
+                                 max_epochs_without_growth=1)  # every check grows
+    passes_per_epoch = []
+
+    class Passes(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            passes_per_epoch.append(optimizer.backward_passes_per_step)
+
+    history = model.fit(x, y, batch_size=per_rank_batch, epochs=5, verbose=0,
+                        callbacks=kd.callbacks(batch_growth=growth, extra=[Passes()]))
+    assert [record["epoch"] for record in growth.history] == [1, 3]
+    assert passes_per_epoch == [1, 1, 2, 2, 4]
+    start = per_rank_batch * SIZE
+    assert [record["batch_size"] for record in growth.history] == [start, 2 * start]
+    assert history.history["batch_size"] == [start, 2 * start]  # logged by the checking epochs only
 
 
 def test_bad_growth_arguments_are_named():

@@ -13,6 +13,7 @@ import keras
 import kerasdist as kd
 from kerasdist.callbacks import (BroadcastGlobalState, LearningRateSchedule, LearningRateWarmup, MetricAverage,
                                  Rank0ProgbarLogger)
+from kerasdist.optimizers import LARS
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()
@@ -136,25 +137,36 @@ def test_callbacks_module_is_callable_and_orders_its_list(tmp_path):
 
 
 class LearningRateProbe(keras.callbacks.Callback):
-    """Records the rate each step runs with and the SGD velocity around each change."""
+    """Records the rate each step runs with and the velocity's change across each rate change:
+    `velocity_ratios[i]` is how step `ratio_steps[i]` found the velocity the step before left."""
 
     def __init__(self):
         super().__init__()
-        self.rates, self.velocity_ratios = [], []
+        self.rates, self.velocity_ratios, self.ratio_steps = [], [], []
         self._velocity_after_last_step = None
 
     def _velocity(self):
         inner = self.model.optimizer.inner_optimizer
-        return inner.momentums[0].numpy().copy() if inner.built and inner.momentums else None
+        if not inner.built:
+            return None
+        slots = inner._velocities if isinstance(inner, LARS) else inner.momentums  # SGD's are "momentums"
+        return slots[0].numpy().copy() if slots else None
 
     def on_train_batch_begin(self, batch, logs=None):
         self.rates.append(float(self.model.optimizer.learning_rate.numpy()))
         now = self._velocity()
         if self._velocity_after_last_step is not None and np.abs(self._velocity_after_last_step).max() > 0:
             self.velocity_ratios.append(float(np.median(now / self._velocity_after_last_step)))
+            self.ratio_steps.append(len(self.rates) - 1)
 
     def on_train_batch_end(self, batch, logs=None):
         self._velocity_after_last_step = self._velocity()
+
+
+def warmup_rates(base_lr, scale, steps, warmup_epochs, epochs):
+    """The README's formula, per step (micro-batch) of each epoch."""
+    return [base_lr * (1 + (scale - 1) * min(1.0, (e * steps + b) / (warmup_epochs * steps)))
+            for e in range(epochs) for b in range(steps)]
 
 
 @pytest.mark.parametrize("scaling", ["linear", "sqrt"])
@@ -170,8 +182,7 @@ def test_warmup_rates_follow_the_formula_with_momentum_correction(scaling):
                         callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs, scaling=scaling),
                                    probe])
     scale = SIZE if scaling == "linear" else math.sqrt(SIZE)
-    expected = [base_lr * (1 + (scale - 1) * min(1.0, (e * steps + b) / (warmup_epochs * steps)))
-                for e in range(epochs) for b in range(steps)]
+    expected = warmup_rates(base_lr, scale, steps, warmup_epochs, epochs)
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
     assert history.history["learning_rate"][-1] == pytest.approx(base_lr * scale, rel=1e-6)
     # the velocity was multiplied by new/old rate at each change (in float32)
@@ -193,6 +204,48 @@ def test_warmup_reaches_the_scaled_rate_when_its_steps_are_not_a_whole_number(wa
     expected = [base_lr * (1 + (SIZE - 1) * min(1.0, step / warmup_steps)) for step in range(epochs * steps)]
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
     assert probe.rates[-1] == pytest.approx(base_lr * SIZE, rel=1e-6)
+
+
+@pytest.mark.parametrize("momentum_correction", [True, False], ids=["corrected", "uncorrected"])
+@pytest.mark.parametrize("inner", ["sgd", "lars"])
+def test_warmup_with_accumulated_micro_batches_scales_by_them_and_corrects_velocities_if_asked(
+        inner, momentum_correction):
+    # k = 2 micro-batches per update: the batch scale is ranks × 2, the ramp advances per
+    # micro-batch (fit's steps), and the velocity (SGD's or LARS's) is rescaled by new/old rate
+    # at every change, or left alone without momentum correction.
+    base_lr, steps, warmup_epochs, epochs, passes = 0.01, 4, 2, 3, 2
+    optimizer = keras.optimizers.SGD(base_lr, momentum=0.9) if inner == "sgd" else LARS(base_lr, momentum=0.9)
+    model = classifier()
+    model.compile(kd.DistributedOptimizer(optimizer, backward_passes_per_step=passes),
+                  loss="sparse_categorical_crossentropy")
+    x, y = shard_of_unequal_size(RANK, seed=19)
+    x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
+    probe = LearningRateProbe()
+    model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs, momentum_correction=momentum_correction),
+                         probe])
+    expected = warmup_rates(base_lr, SIZE * passes, steps, warmup_epochs, epochs)
+    np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
+    assert probe.ratio_steps[0] == passes  # the first update is at the end of micro-batch k
+    expected_ratios = [expected[step] / expected[step - 1] if momentum_correction else 1.0
+                       for step in probe.ratio_steps]
+    np.testing.assert_allclose(probe.velocity_ratios, expected_ratios, rtol=1e-5)
+
+
+@pytest.mark.parametrize("passes", [1, 2])
+def test_schedule_without_staircase_follows_the_fractional_epoch_every_batch(passes):
+    # With k = 2 accumulated micro-batches the batch scale is ranks × 2.
+    base_lr, steps, epochs = 0.02, 4, 3
+    model = classifier()
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr), backward_passes_per_step=passes),
+                  loss="sparse_categorical_crossentropy")
+    x, y = shard_of_unequal_size(RANK, seed=20)
+    x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
+    probe = LearningRateProbe()
+    model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
+              callbacks=[LearningRateSchedule(lambda epoch: 1.0 / (1.0 + epoch), staircase=False), probe])
+    expected = [base_lr * SIZE * passes / (1.0 + e + b / steps) for e in range(epochs) for b in range(steps)]
+    np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
 
 
 def test_schedule_multiplies_the_scaled_rate_within_its_epochs():
@@ -240,6 +293,65 @@ def test_unequal_steps_per_epoch_fail_on_every_rank_before_training():
     with pytest.raises(ValueError, match="different numbers of steps per epoch in fit"):
         model.fit(x, y, batch_size=2, verbose=0, callbacks=kd.callbacks())
     assert kd.allgather_object("after") == ["after"] * SIZE  # every rank got here: no hang
+
+
+class _WeightsAtTrainBegin(keras.callbacks.Callback):
+    def on_train_begin(self, logs=None):
+        self.weights = self.model.get_weights()
+
+
+def test_a_root_rank_other_than_0_is_broadcast_from_and_alone_prints_and_writes(tmp_path, capsys):
+    root = SIZE - 1
+    per_rank = tmp_path / f"rank{RANK}"  # each rank's own directory: only the root's may fill
+    per_rank.mkdir()
+    model = compiled(classifier(seed=100 + RANK))  # every rank starts from its own weights
+    initial = kd.allgather_object(model.get_weights())
+    x, y = shard_of_unequal_size(RANK, seed=21)
+    at_begin = _WeightsAtTrainBegin()
+    model.fit(x[:4], y[:4], batch_size=2, epochs=2, verbose=1,
+              callbacks=kd.callbacks(root_rank=root, csv_path=per_rank / "log.csv", extra=[at_begin]))
+    for got, expected in zip(at_begin.weights, initial[root], strict=True):
+        np.testing.assert_array_equal(got, expected)
+    printed = capsys.readouterr().out
+    if RANK == root:
+        assert "Epoch 2/2" in printed
+        assert (per_rank / "log.csv").read_text().count("\n") == 3  # header + 2 epochs
+    else:
+        assert printed == "" and list(per_rank.iterdir()) == []
+
+
+def test_without_metric_averaging_each_rank_reports_its_own_shard():
+    callbacks = kd.callbacks(average_metrics=False)
+    assert MetricAverage not in [type(c) for c in callbacks]
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=22)
+    model.fit(x[:4], y[:4], batch_size=2, verbose=0, callbacks=callbacks)
+    got = model.evaluate(x, y, batch_size=3, verbose=0, return_dict=True)
+
+    reference = classifier()
+    reference.set_weights(model.get_weights())
+    reference.compile(loss="sparse_categorical_crossentropy", metrics=metrics())
+    expected = reference.evaluate(x, y, batch_size=3, verbose=0, return_dict=True)  # this rank's rows only
+    for name in expected:
+        assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs 2 ranks to compare their dropout masks")
+def test_dropout_seed_states_stay_per_rank_while_the_weights_are_shared():
+    keras.utils.set_random_seed(300 + RANK)  # own weights and own dropout seed on every rank
+    model = compiled(keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5),
+                                       keras.layers.Dense(3, activation="softmax")]))
+    x, y = shard_of_unequal_size(RANK, seed=23)
+    model.fit(x[:4], y[:4], batch_size=2, verbose=0, callbacks=kd.callbacks())
+    weights = kd.allgather_object(model.get_weights())
+    for other in weights[1:]:
+        for a, b in zip(other, weights[0], strict=True):
+            np.testing.assert_array_equal(a, b)
+    seed_states = kd.allgather_object([v.numpy().tolist() for v in model.variables
+                                       if v.path.endswith("seed_generator_state")])
+    assert seed_states[0] and len({repr(state) for state in seed_states}) == SIZE
+    masks = kd.allgather_object((model.layers[0](np.ones((16, 4), "float32"), training=True).numpy() != 0).tolist())
+    assert len({repr(mask) for mask in masks}) == SIZE  # every rank draws its own mask
 
 
 def test_tensorboard_and_csv_logs_are_written_by_the_root_rank_only(tmp_path):

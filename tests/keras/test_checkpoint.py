@@ -251,6 +251,28 @@ def test_resume_restores_every_rank_and_continues_like_an_uninterrupted_run(shar
     assert checkpoint_files(shared_dir) == [f"epoch000{epoch}.keras" for epoch in (1, 2, 3, 4)]
 
 
+def test_a_root_rank_other_than_0_alone_writes_and_restores_every_rank(shared_dir):
+    # Every rank names its own directory: only the root's gets checkpoints, so a resume that
+    # looked anywhere else would find none.
+    root = SIZE - 1
+    own_dir = shared_dir / f"rank{RANK}"
+    model = make_model()
+    fit(model, epochs=2, callbacks=[Rank0Checkpoint(own_dir, root_rank=root)])
+    saved = state_values(model)
+    listings = kd.allgather_object(sorted(os.listdir(own_dir)) if own_dir.exists() else None)
+    assert listings[root] == [STATE_FILENAME, "epoch0001.keras", "epoch0002.keras"]
+    assert [listing for r, listing in enumerate(listings) if r != root] == [None] * (SIZE - 1)
+
+    resumed = make_model(seed=100 + RANK)  # different weights on every rank
+    checkpoint = Rank0Checkpoint(own_dir, resume=True, root_rank=root)
+    assert checkpoint.initial_epoch == 2
+    probe = _StateAtTrainBegin()
+    fit(resumed, epochs=3, callbacks=[checkpoint, probe])
+    assert probe.iterations == 2 * STEPS_PER_EPOCH
+    for restored, expected in zip(probe.values, saved, strict=True):
+        np.testing.assert_array_equal(restored, expected)
+
+
 def test_resume_is_a_no_op_without_a_checkpoint(shared_dir):
     checkpoint = Rank0Checkpoint(shared_dir, resume=True)
     assert (checkpoint.initial_epoch, checkpoint.resumed_from) == (0, None)

@@ -70,6 +70,14 @@ def test_tuple_keeps_the_same_rows_of_every_array():
     np.testing.assert_array_equal(sharded[0], np.stack([2 * sharded[1], 2 * sharded[1] + 1], axis=1))
 
 
+def test_list_stays_a_list_with_the_same_rows_of_every_array():
+    sharded = data.shard([np.arange(12) * 10, np.arange(12), np.arange(24).reshape(12, 2)], batch_size=2)
+    assert isinstance(sharded, list) and len(sharded) == 3
+    np.testing.assert_array_equal(sharded[1], expected_rows(12))
+    np.testing.assert_array_equal(sharded[0], sharded[1] * 10)
+    np.testing.assert_array_equal(sharded[2], np.stack([2 * sharded[1], 2 * sharded[1] + 1], axis=1))
+
+
 def test_dict_keeps_its_keys_and_the_same_rows_of_every_array():
     sharded = data.shard({"image": np.arange(12) * 10, "label": np.arange(12)}, drop_remainder=True)
     assert set(sharded) == {"image", "label"}

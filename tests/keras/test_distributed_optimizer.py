@@ -9,6 +9,7 @@ batch, and the mean of the per-rank means is the global mean.
 
 import dataclasses
 
+import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -129,7 +130,16 @@ def test_ranks_that_start_equal_are_left_alone_without_a_warning(capfd):
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
 
 
-def test_embedding_gradients_are_gathered_and_equal_the_global_batch():
+class RecordingSGD(keras.optimizers.SGD):
+    """SGD that notes which of the gradients handed to it are IndexedSlices (when traced)."""
+
+    def apply(self, grads, trainable_variables=None):
+        self.received_slices = [isinstance(g, tf.IndexedSlices) for g in grads]
+        return super().apply(grads, trainable_variables)
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_embedding_gradients_equal_the_global_batch_gathered_or_densified(sparse_as_dense):
     rng = np.random.default_rng(3)
     global_batch = SIZE * PER_RANK_BATCH
     ids = rng.integers(0, 20, size=(STEPS * global_batch, 3))
@@ -144,10 +154,111 @@ def test_embedding_gradients_are_gathered_and_equal_the_global_batch():
     reference.compile(keras.optimizers.SGD(0.1), loss="mse")
     reference.fit(ids, y, batch_size=global_batch, shuffle=False, verbose=0)
     model = embedding_model()
-    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    inner = RecordingSGD(0.1)
+    model.compile(kd.DistributedOptimizer(inner, sparse_as_dense=sparse_as_dense), loss="mse")
     model.fit(this_ranks_rows(ids, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
               batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
+    # What reached the inner optimizer for the embedding, kernel and bias: the gathered slices,
+    # or one dense tensor (in a world of one nothing is reduced, so the slices stay).
+    assert inner.received_slices == [not (sparse_as_dense and SIZE > 1), False, False]
+
+
+def embedding_lookups(rank):
+    """The rows of a 20-row table rank `rank` looks up: its own, one shared, some twice."""
+    return np.array([rank, 19, rank + 5, rank])
+
+
+def embedding_loss(table, rank):
+    # d loss / d table[row] = (rank + 1) for each lookup of row
+    return tf.reduce_sum(tf.gather(table, embedding_lookups(rank))) * (rank + 1)
+
+
+def test_gradient_tape_gathers_embedding_gradients_as_slices_from_every_rank():
+    table = tf.Variable(tf.zeros([20, 3]))
+    with kd.DistributedGradientTape(tf.GradientTape(), op=kd.Sum) as tape:
+        loss = embedding_loss(table, RANK)
+    grad = tape.gradient(loss, table)
+    assert isinstance(grad, tf.IndexedSlices), type(grad)
+    np.testing.assert_array_equal(grad.indices.numpy(), np.concatenate([embedding_lookups(r) for r in range(SIZE)]))
+    np.testing.assert_array_equal(grad.values.numpy(), np.concatenate(
+        [np.full((len(embedding_lookups(r)), 3), r + 1.0) for r in range(SIZE)]))
+
+
+def test_gradient_tape_with_sparse_as_dense_reduces_one_dense_tensor():
+    table = tf.Variable(tf.zeros([20, 3]))
+    with kd.DistributedGradientTape(tf.GradientTape(), op=kd.Sum, sparse_as_dense=True) as tape:
+        loss = embedding_loss(table, RANK)
+    grad = tape.gradient(loss, table)
+    expected = np.zeros((20, 3))
+    for r in range(SIZE):
+        np.add.at(expected, embedding_lookups(r), r + 1.0)
+    if SIZE == 1:  # nothing is reduced in a world of one: the slices come back as they are
+        grad = tf.convert_to_tensor(grad)
+    assert isinstance(grad, tf.Tensor) and grad.shape == (20, 3), type(grad)
+    np.testing.assert_array_equal(grad.numpy(), expected)
+
+
+# Gradient components that float16 and bfloat16 round differently, to values known exactly
+# (tests/collectives/test_compression.py): the result tells which dtype travelled.
+ROUNDING_PROBES = np.float32([1 + 2**-9 + 2**-12, 1000.3, 0.1, -(2 + 2**-5 + 2**-8 + 2**-14), -3e-3])
+WIRE_DTYPES = {"none": None, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
+
+
+def probe_row(rank):
+    """Rank r's input: probe i % 5 at the places i with i % SIZE == r, zero elsewhere. Summed over
+    ranks, each place then holds its one sender's value as the wire carried it."""
+    probes = np.tile(ROUNDING_PROBES, SIZE)
+    return np.where(np.arange(len(probes)) % SIZE == rank, probes, np.float32(0))
+
+
+def summed_probes_as_received(compression):
+    """The ranks' probe rows summed, each value rounded to the wire dtype. In a world of one
+    nothing travels, so nothing is rounded."""
+    probes = np.tile(ROUNDING_PROBES, SIZE)
+    wire = WIRE_DTYPES[compression]
+    return probes if wire is None or SIZE == 1 else probes.astype(wire).astype(np.float32)
+
+
+@pytest.mark.parametrize("compression", list(WIRE_DTYPES))
+def test_fit_sends_gradients_in_the_compressed_dtype(compression):
+    # The loss (w·x − 0.5)² at w = 0 has the gradient −x: one SGD step at rate 1 with op=Sum
+    # sets w to the sum over ranks of x as it travelled.
+    model = keras.Sequential([keras.Input((len(ROUNDING_PROBES) * SIZE,)),
+                              keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=kd.Sum,
+                                          compression=getattr(kd.Compression, compression)), loss="mse")
+    model.fit(probe_row(RANK)[None], np.float32([[0.5]]), batch_size=1, verbose=0, callbacks=kd.callbacks())
+    np.testing.assert_array_equal(model.get_weights()[0][:, 0], summed_probes_as_received(compression))
+
+
+@pytest.mark.parametrize("compression", list(WIRE_DTYPES))
+def test_gradient_tape_sends_gradients_in_the_compressed_dtype(compression):
+    w = tf.Variable(tf.zeros([len(ROUNDING_PROBES) * SIZE]))
+    x = tf.constant(probe_row(RANK))
+    optimizer = keras.optimizers.SGD(1.0)
+
+    @tf.function
+    def step():
+        with kd.DistributedGradientTape(tf.GradientTape(), op=kd.Sum,
+                                        compression=getattr(kd.Compression, compression)) as tape:
+            loss = tf.reduce_sum(w * x)  # gradient x
+        grads = tape.gradient(loss, [w])
+        optimizer.apply(grads, [w])
+        return grads[0]
+
+    np.testing.assert_array_equal(step().numpy(), summed_probes_as_received(compression))
+    np.testing.assert_array_equal(w.numpy(), -summed_probes_as_received(compression))
+
+
+def test_gathered_embedding_gradients_travel_compressed():
+    table = tf.Variable(tf.zeros([20, len(ROUNDING_PROBES)]))
+    lookups = embedding_lookups(RANK)
+    with kd.DistributedGradientTape(tf.GradientTape(), op=kd.Sum, compression=kd.Compression.bf16) as tape:
+        loss = tf.reduce_sum(tf.gather(table, lookups) * ROUNDING_PROBES)  # each row's gradient: the probes
+    grad = tape.gradient(loss, table)
+    received = ROUNDING_PROBES if SIZE == 1 else ROUNDING_PROBES.astype(ml_dtypes.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(grad.values.numpy(), np.tile(received, (SIZE * len(lookups), 1)))
 
 
 def test_backward_passes_per_step_can_change_between_epochs():

