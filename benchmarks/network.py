@@ -52,7 +52,8 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=2, help="training runs per configuration, in turns")
     parser.add_argument("--num_iters", type=int, default=5, help="timed iterations of 10 batches per run")
     parser.add_argument("--repeats", type=int, default=5, help="repeats of each allreduce case")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["allreduce", "training"])
+    parser.add_argument("--skip", nargs="*", default=[], choices=["allreduce", "training", "overlap"],
+                        help="overlap: the training runs with gradient buckets off and without communication")
     parser.add_argument("--job_timeout_s", type=int, default=900)
     parser.add_argument("--json", default=str(REPO / "bench-results" / "network.json"))
     return parser.parse_args()
@@ -168,8 +169,8 @@ def read_timeline(path):
 
 def timeline_summary(timeline_path, steps):
     """MPI time per step (union of the "allreduce" phases) and collective requests per step (a
-    request is one name negotiated; DistributedOptimizer sends all of a step's gradients as one
-    grouped request from apply(), i.e. after the whole backward pass)."""
+    request is one name negotiated: DistributedOptimizer sends one grouped request per gradient
+    bucket, each as soon as backprop has produced its gradients)."""
     events = [e for e in read_timeline(timeline_path) if e.get("ph") == "X"]
     intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "allreduce"]
     return {"communication_ms_per_step": merged_seconds(intervals) / 1e3 / steps if intervals else None,
@@ -190,17 +191,32 @@ def train_one_process(model):
     return result_line(run(example_command(model), job_environment()))
 
 
-def train_two_hosts(cluster, model):
+def train_two_hosts(cluster, model, extra_flags=()):
     with tempfile.TemporaryDirectory() as scratch:
         timeline = pathlib.Path(scratch, "timeline.json")
-        result = result_line(cluster.launch(example_command(model), extra_flags=["--timeline", timeline]))
+        result = result_line(cluster.launch(example_command(model), extra_flags=["--timeline", timeline, *extra_flags]))
         steps = 10 + 10 * ARGS.num_iters  # warm-up batches, then the timed ones
         result.update(timeline_summary(timeline, steps))
     return result
 
 
+def train_two_hosts_apart(cluster, model):
+    """Both hosts train plain Keras at once, never communicating: the step time of the same
+    processes without communication, against which the exposed communication is measured."""
+    return result_line(cluster.launch(example_command(model) + ["--nouse_kerasdist"]))
+
+
+# The 2-host configurations: label -> how to run them.
+TWO_HOST_RUNS = {
+    "kerasdist": lambda cluster, model: train_two_hosts(cluster, model),
+    "buckets off": lambda cluster, model: train_two_hosts(cluster, model, ["--bucket-mb", "0"]),
+    "no communication": train_two_hosts_apart,
+}
+
+
 def bench_training(cluster, links):
     runs = []
+    configurations = ["kerasdist"] if "overlap" in ARGS.skip else list(TWO_HOST_RUNS)
     for round_index in range(ARGS.rounds):
         for model in ARGS.models:
             single = train_one_process(model)
@@ -209,12 +225,15 @@ def bench_training(cluster, links):
                   f"(CPU {single['cpu_ms_per_step_per_rank']:.1f}; load {os.getloadavg()[0]:.1f})", flush=True)
             for label, rate in links:
                 cluster.shape(rate)
-                two = train_two_hosts(cluster, model)
-                runs.append({"round": round_index, "model": model, "link": label, **two})
-                comm = two["communication_ms_per_step"]
-                print(f"  round {round_index + 1} {model:<15} 2 hosts, {label:<9} {two['step_ms']:7.1f} ms/step "
-                      f"(CPU {two['cpu_ms_per_step_per_rank']:.1f}), MPI {comm if comm is None else round(comm, 2)} "
-                      f"ms/step, {two['requests_per_step']:.2f} requests per step", flush=True)
+                for configuration in configurations:
+                    two = TWO_HOST_RUNS[configuration](cluster, model)
+                    runs.append({"round": round_index, "model": model, "link": label,
+                                 "configuration": configuration, **two})
+                    comm = two.get("communication_ms_per_step")
+                    print(f"  round {round_index + 1} {model:<15} 2 hosts, {label:<9} {configuration:<16} "
+                          f"{two['step_ms']:7.1f} ms/step (CPU {two['cpu_ms_per_step_per_rank']:.1f}), MPI "
+                          f"{comm if comm is None else round(comm, 2)} ms/step, "
+                          f"{two.get('requests_per_step', 0):.2f} requests per step", flush=True)
     return runs
 
 
@@ -256,7 +275,7 @@ def print_training_table(runs, links, link_gbits):
     print("step: wall ms per step (slowest rank); CPU: CPU ms per step of a rank (all its threads), which "
           "other processes on the machine disturb far less; MPI: union of the timeline's allreduce phases "
           "per step; added: 2-host step - one-process step; requests: collectives negotiated per step "
-          "(all gradients are one grouped request, sent after the backward pass); E(2) = 2-host "
+          "(one grouped request per gradient bucket); E(2) = 2-host "
           "throughput / (2 x one process).\n")
     print("| model | parameters | link | gradient at link rate | 1 process step (CPU) | 2 hosts step (CPU) | "
           "MPI | added | requests | E(2) |")
@@ -272,7 +291,7 @@ def print_training_table(runs, links, link_gbits):
         single_step, single_cpu = median_of(alone, "step_ms"), median_of(alone, "cpu_ms_per_step_per_rank")
         parameters = mine[0]["parameters"]
         for label, _ in links:
-            two = [r for r in mine if r["link"] == label]
+            two = [r for r in mine if r["link"] == label and r.get("configuration", "kerasdist") == "kerasdist"]
             step, cpu, comm = median_of(two, "step_ms"), median_of(two, "cpu_ms_per_step_per_rank"), \
                 median_of(two, "communication_ms_per_step")
             requests = median_of(two, "requests_per_step")
@@ -281,6 +300,27 @@ def print_training_table(runs, links, link_gbits):
             print(f"| {model} | {parameters:,} | {label} | {wire_ms:.1f} ms | {single_step:.1f} ({single_cpu:.1f}) | "
                   f"{step:.1f} ({cpu:.1f}) | {comm:.1f} | {step - single_step:.1f} | {requests:.2f} | "
                   f"{efficiency:.2f} |")
+
+
+def print_overlap_table(runs, links):
+    print("\n### Overlap: how much of the communication a step still waits for\n")
+    print("apart: both hosts training plain Keras at once, never communicating (the compute a step "
+          "needs here); MPI: union of the timeline's allreduce phases per step, buckets on; exposed: "
+          "step - apart; hidden share: 1 - exposed / MPI (target >= 0.5). Medians over rounds.\n")
+    print("| model | link | apart | buckets off | buckets on (default) | MPI | max(apart, MPI) | exposed, off | "
+          "exposed, on | hidden share, on |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for model in ARGS.models:
+        for label, _ in links:
+            def step(configuration, key="step_ms"):
+                values = [r[key] for r in runs if r["model"] == model and r["link"] == label
+                          and r.get("configuration") == configuration and r.get(key) is not None]
+                return statistics.median(values) if values else float("nan")
+
+            apart, off, on = step("no communication"), step("buckets off"), step("kerasdist")
+            comm = step("kerasdist", "communication_ms_per_step")
+            print(f"| {model} | {label} | {apart:.1f} | {off:.1f} | {on:.1f} | {comm:.1f} | {max(apart, comm):.1f} | "
+                  f"{off - apart:.1f} | {on - apart:.1f} | {1 - (on - apart) / comm:.2f} |")
 
 
 def _interrupt(signum, _frame):
@@ -315,6 +355,8 @@ def main():
             print_allreduce_tables(label, data["tcp_gbits"], data["allreduce"])
     if results["training"]:
         print_training_table(results["training"], links, link_gbits)
+        if "overlap" not in ARGS.skip:
+            print_overlap_table(results["training"], links)
     path = pathlib.Path(ARGS.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=2))
