@@ -40,6 +40,8 @@ _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "MPI_LOCAL", "OMPI_", "HYDRA_", "I_MPI_",
 
 
 def child_env(**extra):
+    # Unbuffered so a killed rank's lines survive; print() then writes its pieces (text, end)
+    # apart, so a line that several ranks print at once must go out in one sys.stdout.write.
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join(

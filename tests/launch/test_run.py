@@ -6,6 +6,7 @@ PyPI's MPICH is installed here); every real job runs under a timeout.
 """
 
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -242,8 +243,8 @@ def test_signal_to_the_launcher_stops_the_job_and_exits_128_plus_it(tmp_path, si
         deadline = time.monotonic() + QUICK_TIMEOUT_S
         while len(rank_pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.2)
-            rank_pids = [int(line.split("pid=")[1]) for line in log_path.read_text().splitlines()
-                         if line.startswith("LAUNCH_PID")]
+            # Not line by line: the launcher may forward the two ranks' lines run together.
+            rank_pids = [int(pid) for pid in re.findall(r"LAUNCH_PID rank=\d+ pid=(\d+)", log_path.read_text())]
         assert len(rank_pids) == 2, log_path.read_text()
         proc.send_signal(signum)
         assert proc.wait(timeout=QUICK_TIMEOUT_S) == 128 + signum, log_path.read_text()
@@ -338,8 +339,9 @@ def test_launcher_imports_neither_tensorflow_nor_mpi4py(tmp_path):
 
 
 def test_site_wrapper_script_runs_a_two_process_job(tmp_path):
-    job = run_job([REPO_ROOT / "scripts" / "mpirun.sh", "-np", "2", sys.executable, "-c",
-                   "import os; print('WRAPPED_RANK', os.environ['PMI_RANK'])"], tmp_path,
-                  timeout=DEFAULT_JOB_TIMEOUT_S)
+    # One write per line: the two ranks print at once, and print() writes its pieces apart.
+    say_rank = "import os, sys; sys.stdout.write('WRAPPED_RANK ' + os.environ['PMI_RANK'] + '\\n')"
+    job = run_job([REPO_ROOT / "scripts" / "mpirun.sh", "-np", "2", sys.executable, "-c", say_rank],
+                  tmp_path, timeout=DEFAULT_JOB_TIMEOUT_S)
     assert job.returncode == 0 and not job.timed_out, job.describe()
     assert sorted(job.lines_with("WRAPPED_RANK ")) == ["0", "1"], job.describe()

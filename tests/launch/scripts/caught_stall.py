@@ -6,6 +6,7 @@ warnings that name both calls, both ranks catch tf.errors.DeadlineExceededError 
 on to the end, and the job still ends non-zero.
 """
 import os
+import sys
 import time
 
 import tensorflow as tf
@@ -20,8 +21,8 @@ try:
         kd.broadcast_object("nobody receives this")
     else:
         kd.barrier()
-    print(f"RESULT rank={kd.rank()} completed", flush=True)
+    sys.stdout.write(f"RESULT rank={kd.rank()} completed\n")
 except tf.errors.DeadlineExceededError:
-    print(f"RESULT rank={kd.rank()} DeadlineExceededError", flush=True)
+    sys.stdout.write(f"RESULT rank={kd.rank()} DeadlineExceededError\n")
 print(f"CAUGHT_AT={time.time()}", flush=True)
-print(f"RANK_DONE rank={kd.rank()}", flush=True)
+sys.stdout.write(f"RANK_DONE rank={kd.rank()}\n")
