@@ -85,7 +85,10 @@ class _PerRankBaseTemp:
             import getpass
             import tempfile
 
-            parent = os.path.join(tempfile.gettempdir(), f"kerasdist-pytest-{getpass.getuser()}")
+            # One root per checkout too: pytest empties a basetemp it is given, and suites of two
+            # checkouts running at once would otherwise empty each other's.
+            checkout = zlib.crc32(str(config.rootpath).encode())
+            parent = os.path.join(tempfile.gettempdir(), f"kerasdist-pytest-{getpass.getuser()}-{checkout:08x}")
             os.makedirs(parent, exist_ok=True)  # pytest creates only the last level
             config.option.basetemp = os.path.join(parent, f"rank{RANK}")
 
