@@ -359,6 +359,46 @@ def test_gradients_travel_in_buckets_filled_from_the_last_layer(bucket_bytes, si
     assert reductions[0].inputs[0].shape.as_list() == last_bias_gradient_shape
 
 
+def ops_waited_for(op):
+    """Every op that `op` waits for: its inputs' producers and control inputs, transitively."""
+    seen, pending = set(), [op]
+    while pending:
+        current = pending.pop()
+        for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+            if parent not in seen:
+                seen.add(parent)
+                pending.append(parent)
+    return seen
+
+
+@pytest.mark.skipif(SIZE == 1, reason="a world of one reduces nothing")
+def test_first_bucket_leaves_without_waiting_for_the_first_layers_gradient(bucket_bytes):
+    # Overlap needs dataflow alone to order the step: the last layer's bucket must not wait (by
+    # input or control edge, e.g. tf.function's automatic ones) for the first layer's kernel
+    # gradient, which backprop computes last.
+    bucket_bytes(64)
+    model = make_model()
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    optimizer.build(model.trainable_variables)
+    x, y = global_data(1, PER_RANK_BATCH)
+    first_kernel_gradient = []
+
+    @tf.function
+    def train_step(xb, yb):  # what Model.train_step does
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(xb) - yb))
+        grads = tape.gradient(loss, model.trainable_variables)
+        first_kernel_gradient.append(grads[0].op)
+        optimizer.apply(grads, model.trainable_variables)
+
+    graph = train_step.get_concrete_function(x, y).graph
+    reductions = [op for op in graph.get_operations() if op.type == "KerasdistAllreduce"]
+    assert len(reductions) == _BUCKETS_OF_64_BYTES
+    assert first_kernel_gradient[0] in ops_waited_for(reductions[-1])  # the check below can see it
+    assert first_kernel_gradient[0] not in ops_waited_for(reductions[0]), \
+        "the first bucket's reduction waits for the first layer's gradient: nothing can overlap"
+
+
 @pytest.mark.parametrize("size", [0, 64, 1])
 def test_fit_gives_the_same_weights_whatever_the_bucket_size(bucket_bytes, size):
     bucket_bytes(size)
