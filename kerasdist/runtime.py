@@ -130,25 +130,28 @@ def _fit_tf_thread_pools(tf, cpus, sharing, warn):
     CPUs, where TensorFlow's default already is its share.
     """
     threads = max(1, cpus // sharing)
+    # The inter-op pool gets two threads even on one CPU: with one, TensorFlow runs backprop's
+    # chain of ops inline on it and a gradient bucket's collective waits in the pool's queue until
+    # the whole backward pass is done, so nothing overlaps. The second thread mostly sleeps.
     pools = [("intra-op", "TF_NUM_INTRAOP_THREADS", tf.config.threading.get_intra_op_parallelism_threads,
-              tf.config.threading.set_intra_op_parallelism_threads),
+              tf.config.threading.set_intra_op_parallelism_threads, threads),
              ("inter-op", "TF_NUM_INTEROP_THREADS", tf.config.threading.get_inter_op_parallelism_threads,
-              tf.config.threading.set_inter_op_parallelism_threads)]
+              tf.config.threading.set_inter_op_parallelism_threads, max(2, threads))]
     too_late = []
-    for pool, variable, configured, configure in pools:
+    for pool, variable, configured, configure, size in pools:
         if os.environ.get(variable, "").strip() or configured():
             continue
         try:
-            configure(threads)
+            configure(size)
         except RuntimeError:  # TensorFlow has run an op: its pools exist
-            too_late.append((pool, variable))
+            too_late.append((pool, variable, size))
     if too_late and warn:
         warnings.warn(
             f"kerasdist: {sharing} ranks share {cpus} CPUs on this host, but TensorFlow created its "
-            f"{' and '.join(pool for pool, _ in too_late)} thread pool{'s' if len(too_late) > 1 else ''} "
+            f"{' and '.join(pool for pool, _, _ in too_late)} thread pool{'s' if len(too_late) > 1 else ''} "
             f"with {cpus} threads per rank before kerasdist.init(), so the ranks compete for the cores. "
             f"Call kerasdist.init() before any TensorFlow work, or set "
-            f"{' '.join(f'{variable}={threads}' for _, variable in too_late)} for every rank "
+            f"{' '.join(f'{variable}={size}' for _, variable, size in too_late)} for every rank "
             f"(KERASDIST_TF_THREADS=off silences this).",
             stacklevel=3)
 
