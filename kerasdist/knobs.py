@@ -56,6 +56,21 @@ def _one_of(choices):
     return parse
 
 
+def _bytes_or_auto(high):
+    def parse(text):
+        if text.lower() == "auto":
+            return "auto"
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"must be auto or a whole number of bytes between 0 and {high}") from None
+        if not 0 <= value <= high:
+            raise ValueError(f"must be auto or a whole number of bytes between 0 and {high}")
+        return value
+
+    return parse
+
+
 def _text(text):
     return text
 
@@ -108,10 +123,11 @@ KNOBS = (
          "the most bytes one MPI call reduces: allreduces of up to 256 KiB that are ready together are "
          "fused up to it, larger tensors are reduced in pieces of it; 0 turns both off",
          metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="16"),
-    Knob("bucket_bytes", "KERASDIST_BUCKET_BYTES", "--bucket-mb", 4 * 2**20, _integer(0, 2**40, " bytes"),
+    Knob("bucket_bytes", "KERASDIST_BUCKET_BYTES", "--bucket-mb", "auto", _bytes_or_auto(2**40),
          "DistributedOptimizer and DistributedGradientTape reduce gradients in buckets of about this many "
-         "bytes, last layers first, so each starts while backprop goes on; 0: one bucket after backprop",
-         metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="4"),
+         "bytes, last layers first, so each starts while backprop goes on; auto: an eighth of the "
+         "gradients' bytes, at least 64 KiB and at most 4 MiB; 0: one bucket after backprop",
+         metavar="MB", flag_to_text=_mebibytes_to_bytes),
     Knob("cycle_time_ms", "KERASDIST_CYCLE_TIME_MS", "--cycle-time-ms", 0.0,
          _seconds_or_milliseconds(1000.0, " ms"),
          "after new work wakes the idle engine, wait this long so more requests join one reduction",

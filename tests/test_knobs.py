@@ -10,14 +10,18 @@ def test_defaults_when_nothing_is_set():
     assert Knobs.from_environment({}) == Knobs()
     assert Knobs().tf_threads == "auto"
     assert Knobs().stall_timeout_s == 1800.0 and Knobs().mismatch_timeout_s == 5.0
+    assert Knobs().bucket_bytes == "auto"
 
 
 def test_values_are_read_from_the_environment():
     got = Knobs.from_environment({"KERASDIST_FUSION_THRESHOLD": "0", "KERASDIST_CYCLE_TIME_MS": "2.5",
                                   "KERASDIST_LOG_LEVEL": "DEBUG", "KERASDIST_TF_THREADS": " Off ",
-                                  "KERASDIST_MISMATCH_TIMEOUT_S": "0", "KERASDIST_CACHE_CAPACITY": "8"})
+                                  "KERASDIST_MISMATCH_TIMEOUT_S": "0", "KERASDIST_CACHE_CAPACITY": "8",
+                                  "KERASDIST_BUCKET_BYTES": "65536"})
     assert (got.fusion_threshold_bytes, got.cycle_time_ms, got.mismatch_timeout_s) == (0, 2.5, 0.0)
     assert (got.log_level, got.tf_threads, got.cache_capacity) == ("debug", "off", 8)
+    assert got.bucket_bytes == 65536
+    assert Knobs.from_environment({"KERASDIST_BUCKET_BYTES": "AUTO"}).bucket_bytes == "auto"
 
 
 _BAD_VALUES = [
@@ -36,6 +40,8 @@ _BAD_VALUES = [
     ("KERASDIST_CACHE_CAPACITY", "lots", "is not an integer"),
     ("KERASDIST_LOG_LEVEL", "loud", "must be one of debug, info, warning, error"),
     ("KERASDIST_TF_THREADS", "4", "must be one of auto, off"),
+    ("KERASDIST_BUCKET_BYTES", "4MB", "must be auto or a whole number of bytes between 0 and 1099511627776"),
+    ("KERASDIST_BUCKET_BYTES", "-1", "must be auto or a whole number of bytes between 0"),
 ]
 
 

@@ -16,7 +16,7 @@ import tensorflow as tf
 import keras
 
 import kerasdist as kd
-from kerasdist import runtime
+from kerasdist import optimizer as optimizer_module, runtime
 from kerasdist.optimizers import LAMB, LARS
 
 kd.init()
@@ -357,6 +357,17 @@ def test_gradients_travel_in_buckets_filled_from_the_last_layer(bucket_bytes, si
     # The first reduction holds the last variable's gradient: backprop produces it first.
     last_bias_gradient_shape = [1]
     assert reductions[0].inputs[0].shape.as_list() == last_bias_gradient_shape
+
+
+@pytest.mark.parametrize("gradient_bytes, expected", [
+    (240_000, 64 * 2**10),  # a small CNN: the 64 KiB floor, 4 buckets
+    (1_084_384, 1_084_384 // 8),  # ResNet-20: 8 buckets
+    (102_228_128, 4 * 2**20)])  # ResNet-50: the 4 MiB cap, 25 buckets
+def test_automatic_bucket_size_is_an_eighth_of_the_gradients_within_bounds(gradient_bytes, expected):
+    half = gradient_bytes // 2
+    grads = [tf.zeros([half // 4]), tf.zeros([half // 8], tf.float64)]
+    assert optimizer_module._bucket_bytes("auto", grads) == expected
+    assert optimizer_module._bucket_bytes(12345, grads) == 12345  # a size the user set is kept
 
 
 def ops_waited_for(op):
