@@ -13,7 +13,7 @@ SIGTERM), and for each link (tc htb at --rate, then unshaped):
   allreduce    benchmarks/network_allreduce.py across the hosts, one rank each: Sum and
                Average against raw mpi4py, 160 x 64 KiB fused (default threshold) against
                unfused (KERASDIST_FUSION_THRESHOLD=0), Compression none / fp16 / bf16.
-  training     examples/keras_synthetic_benchmark.py (model.fit, 64 images per rank, one TF
+  training     examples/keras_synthetic_benchmark.py (model.fit, 64 images per rank, one TF math
                thread per rank) for each --models, one process against 2 hosts x 1 rank on each
                link, taking turns --rounds times, with wall and CPU time per step. The 2-host
                runs write a timeline: MPI time per step is the time some allreduce was in MPI
@@ -41,7 +41,9 @@ CLUSTER_SCRIPT = REPO / "scripts" / "netns_cluster.sh"
 EXAMPLE = REPO / "examples" / "keras_synthetic_benchmark.py"
 RANK_BENCH = REPO / "benchmarks" / "network_allreduce.py"
 UNSHAPED = "none"
-THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1"}
+# One math thread per rank (a host here has one vCPU); two inter-op threads, as kerasdist.init()
+# gives a rank with one CPU: with one, no gradient bucket could leave during backprop.
+THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
 
 
 def parse_args():
@@ -54,8 +56,9 @@ def parse_args():
     parser.add_argument("--repeats", type=int, default=5, help="repeats of each allreduce case")
     parser.add_argument("--bucket_mb", type=float, nargs="*", default=[],
                         help="more gradient bucket sizes to train with in the overlap runs (MiB)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["allreduce", "training", "overlap"],
-                        help="overlap: the training runs with gradient buckets off and without communication")
+    parser.add_argument("--skip", nargs="*", default=[], choices=["allreduce", "training", "overlap", "unshaped"],
+                        help="overlap: the training runs with gradient buckets off and without communication; "
+                             "unshaped: the unshaped link")
     parser.add_argument("--job_timeout_s", type=int, default=900)
     parser.add_argument("--json", default=str(REPO / "bench-results" / "network.json"))
     return parser.parse_args()
@@ -337,7 +340,8 @@ def _interrupt(signum, _frame):
 def main():
     previous = signal.signal(signal.SIGTERM, _interrupt)
     started = datetime.datetime.now().isoformat(timespec="seconds")
-    links = [(ARGS.rate.replace("gbit", " Gbit"), ARGS.rate), ("unshaped", UNSHAPED)]
+    links = [(ARGS.rate.replace("gbit", " Gbit").replace("mbit", " Mbit"), ARGS.rate)]
+    links += [] if "unshaped" in ARGS.skip else [("unshaped", UNSHAPED)]
     cluster = Cluster()
     results = {"date": started, "cpus": os.cpu_count(), "links": {}, "training": []}
     try:
