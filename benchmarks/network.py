@@ -193,7 +193,9 @@ def result_line(output):
 
 
 def train_one_process(model):
-    return result_line(run(example_command(model), job_environment()))
+    # One inter-op thread: a lone process has nothing to overlap, and with two it would spread
+    # its ops over both of the machine's vCPUs, where an emulated host has one.
+    return result_line(run(example_command(model), {**job_environment(), "TF_NUM_INTEROP_THREADS": "1"}))
 
 
 def train_two_hosts(cluster, model, extra_flags=()):
