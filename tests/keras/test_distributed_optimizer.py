@@ -425,6 +425,38 @@ def test_fit_gives_the_same_weights_whatever_the_bucket_size(bucket_bytes, size)
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
 
 
+BUCKETED_FEATURES = {
+    "two_passes_per_update": lambda: (kd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2),
+                                      None),
+    "loss_scaling": lambda: (kd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))),
+                             None),
+    # Clipping by the global norm needs every bucket: it must see the whole reduced gradient.
+    "global_clipnorm": lambda: (kd.DistributedOptimizer(keras.optimizers.SGD(0.05, global_clipnorm=0.01)), None),
+    "noise_scale": lambda: (lambda noise: (kd.DistributedOptimizer(keras.optimizers.SGD(0.05), gradient_noise_scale=noise),
+                                           noise))(kd.GradientNoiseScale(batch_size=PER_RANK_BATCH)),
+}
+
+
+@pytest.mark.skipif(SIZE == 1, reason="a world of one reduces nothing")
+@pytest.mark.parametrize("feature", sorted(BUCKETED_FEATURES))
+def test_features_give_the_same_result_with_one_bucket_per_tensor(bucket_bytes, feature):
+    x, y = global_data(STEPS, SIZE * 2 * PER_RANK_BATCH)
+    results = []
+    for size in (0, 1):  # one bucket after backprop; every tensor its own bucket
+        bucket_bytes(size)
+        model = make_model()
+        optimizer, noise = BUCKETED_FEATURES[feature]()
+        model.compile(optimizer, loss="mse")
+        model.fit(this_ranks_rows(x, PER_RANK_BATCH, 2), this_ranks_rows(y, PER_RANK_BATCH, 2),
+                  batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+        statistics = (noise.updates, noise.gradient_sq_norm(), noise.noise_scale()) if noise else ()
+        results.append((model.get_weights(), statistics))
+    (one_bucket, one_bucket_statistics), (per_tensor, per_tensor_statistics) = results
+    assert max_difference(one_bucket, per_tensor) < 1e-6
+    assert max_difference(one_bucket, make_model().get_weights()) > 1e-3  # training did something
+    np.testing.assert_allclose(per_tensor_statistics, one_bucket_statistics, rtol=1e-5)
+
+
 def test_gradient_tape_sum_and_structure():
     w = tf.Variable([1.0, 2.0])
     b = tf.Variable(3.0)
