@@ -40,10 +40,12 @@ _LAUNCHER_PREFIXES = ("PMI_", "PMIX_", "MPI_LOCAL", "OMPI_", "HYDRA_", "I_MPI_",
 
 
 def child_env(**extra):
-    # Unbuffered so a killed rank's lines survive; print() then writes its pieces (text, end)
-    # apart, so a line that several ranks print at once must go out in one sys.stdout.write.
+    # Not PYTHONUNBUFFERED: unbuffered, print() writes its text and its newline apart, and lines
+    # that two ranks print at once interleave mid-line (CI saw 'X=2.0X=2.0'). The scripts print
+    # with flush=True instead: each line leaves in one write, and before a kill can lose it.
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
-    env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    env.pop("PYTHONUNBUFFERED", None)
+    env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update({k: str(v) for k, v in extra.items()})

@@ -265,8 +265,7 @@ def test_signal_to_the_launcher_stops_the_job_and_exits_128_plus_it(tmp_path, si
 
 # ---- knobs reach the ranks; the other entry points ----------------------------------------
 
-# One write per rank: unbuffered print() writes the text and the newline separately, so two
-# ranks' lines could interleave mid-line (seen in CI).
+# One write per rank, so two ranks' lines cannot interleave mid-line (see child_env).
 _PRINT_KERASDIST_VARIABLES = ("import os, sys; rank = os.environ['PMI_RANK']; "
                               "sys.stdout.write(''.join(f'RANK{rank} {k}={v}\\n' for k, v in "
                               "sorted(os.environ.items()) if k.startswith('KERASDIST_')))")
@@ -339,7 +338,7 @@ def test_launcher_imports_neither_tensorflow_nor_mpi4py(tmp_path):
 
 
 def test_site_wrapper_script_runs_a_two_process_job(tmp_path):
-    # One write per line: the two ranks print at once, and print() writes its pieces apart.
+    # One write per line: the two ranks print at once (see child_env).
     say_rank = "import os, sys; sys.stdout.write('WRAPPED_RANK ' + os.environ['PMI_RANK'] + '\\n')"
     job = run_job([REPO_ROOT / "scripts" / "mpirun.sh", "-np", "2", sys.executable, "-c", say_rank],
                   tmp_path, timeout=DEFAULT_JOB_TIMEOUT_S)

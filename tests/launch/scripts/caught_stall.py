@@ -6,7 +6,6 @@ warnings that name both calls, both ranks catch tf.errors.DeadlineExceededError 
 on to the end, and the job still ends non-zero.
 """
 import os
-import sys
 import time
 
 import tensorflow as tf
@@ -21,8 +20,8 @@ try:
         kd.broadcast_object("nobody receives this")
     else:
         kd.barrier()
-    sys.stdout.write(f"RESULT rank={kd.rank()} completed\n")
+    print(f"RESULT rank={kd.rank()} completed", flush=True)
 except tf.errors.DeadlineExceededError:
-    sys.stdout.write(f"RESULT rank={kd.rank()} DeadlineExceededError\n")
+    print(f"RESULT rank={kd.rank()} DeadlineExceededError", flush=True)
 print(f"CAUGHT_AT={time.time()}", flush=True)
-sys.stdout.write(f"RANK_DONE rank={kd.rank()}\n")
+print(f"RANK_DONE rank={kd.rank()}", flush=True)
