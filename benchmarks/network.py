@@ -215,7 +215,7 @@ def train_two_hosts_apart(cluster, model):
 
 # The 2-host configurations: label -> how to run them.
 TWO_HOST_RUNS = {
-    "kerasdist": lambda cluster, model: train_two_hosts(cluster, model),
+    "kerasdist": train_two_hosts,
     "buckets off": lambda cluster, model: train_two_hosts(cluster, model, ["--bucket-mb", "0"]),
     **{f"buckets {mb:g} MiB": (lambda cluster, model, mb=mb: train_two_hosts(cluster, model, ["--bucket-mb", str(mb)]))
        for mb in ARGS.bucket_mb},

@@ -57,16 +57,15 @@ def _one_of(choices):
 
 
 def _bytes_or_auto(high):
+    as_bytes = _integer(0, high)
+
     def parse(text):
         if text.lower() == "auto":
             return "auto"
         try:
-            value = int(text)
+            return as_bytes(text)
         except ValueError:
             raise ValueError(f"must be auto or a whole number of bytes between 0 and {high}") from None
-        if not 0 <= value <= high:
-            raise ValueError(f"must be auto or a whole number of bytes between 0 and {high}")
-        return value
 
     return parse
 
@@ -156,7 +155,6 @@ KNOBS = (
          "auto: when ranks on a host share CPUs, size TensorFlow's thread pools to each rank's share; "
          "off: leave them to TensorFlow", metavar="MODE", flag_to_text=str.lower),
 )
-
 
 
 def _from_environment(cls, environ=None):
