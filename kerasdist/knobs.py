@@ -74,6 +74,10 @@ def _text(text):
     return text
 
 
+def _log_level_number(level):
+    return str(LOG_LEVELS[level])
+
+
 @dataclasses.dataclass(frozen=True)
 class Knob:
     """One engine setting: where it is read from, its default, and how its text is checked."""
@@ -89,6 +93,8 @@ class Knob:
     # and what the default is in those units.
     flag_to_text: object = None
     flag_default: str = None
+    # How the C++ engine receives the value, as text (`engine_settings`); None: Python uses it alone.
+    to_engine: object = None
 
     def default_text(self):
         """The default as the flag spells it."""
@@ -121,7 +127,7 @@ KNOBS = (
          _integer(0, MAX_FUSION_THRESHOLD_BYTES, " bytes"),
          "the most bytes one MPI call reduces: allreduces of up to 256 KiB that are ready together are "
          "fused up to it, larger tensors are reduced in pieces of it; 0 turns both off",
-         metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="16"),
+         metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="16", to_engine=repr),
     Knob("bucket_bytes", "KERASDIST_BUCKET_BYTES", "--bucket-mb", "auto", _bytes_or_auto(2**40),
          "DistributedOptimizer and DistributedGradientTape reduce gradients in buckets of about this many "
          "bytes, last layers first, so each starts while backprop goes on; auto: an eighth of the "
@@ -130,31 +136,39 @@ KNOBS = (
     Knob("cycle_time_ms", "KERASDIST_CYCLE_TIME_MS", "--cycle-time-ms", 0.0,
          _seconds_or_milliseconds(1000.0, " ms"),
          "after new work wakes the idle engine, wait this long so more requests join one reduction",
-         metavar="MS"),
+         metavar="MS", to_engine=repr),
     Knob("timeline_path", "KERASDIST_TIMELINE", "--timeline", "", _text,
          "Chrome-trace JSON that rank 0 writes (the launcher makes the path absolute)", metavar="FILE",
-         flag_to_text=os.path.abspath),
+         flag_to_text=os.path.abspath, to_engine=_text),
     Knob("stall_warning_s", "KERASDIST_STALL_WARNING_S", "--stall-warning-s", 60.0,
          _seconds_or_milliseconds(_A_YEAR_S, " s"),
-         "warn when a collective has waited this long for other ranks; 0: never", metavar="S"),
+         "warn when a collective has waited this long for other ranks; 0: never", metavar="S",
+         to_engine=repr),
     Knob("stall_timeout_s", "KERASDIST_STALL_TIMEOUT_S", "--stall-timeout-s", 1800.0,
          _seconds_or_milliseconds(_A_YEAR_S, " s"),
          "fail collectives some rank has not submitted after this long; the job then ends non-zero; "
-         "0: wait for ever", metavar="S"),
+         "0: wait for ever", metavar="S", to_engine=repr),
     Knob("mismatch_timeout_s", "KERASDIST_MISMATCH_TIMEOUT_S", "--mismatch-timeout-s", 5.0,
          _seconds_or_milliseconds(_A_YEAR_S, " s"),
          "fail eager collectives when every rank has been blocked this long in a different call, so "
          "none can complete; 0: never (set 0 if several threads of a rank make eager collectives)",
-         metavar="S"),
+         metavar="S", to_engine=repr),
     Knob("cache_capacity", "KERASDIST_CACHE_CAPACITY", "--cache-capacity", 1024,
          _integer(1, MAX_CACHE_CAPACITY),
-         "requests remembered for the one-allreduce negotiation fast path", metavar="N"),
+         "requests remembered for the one-allreduce negotiation fast path", metavar="N",
+         to_engine=repr),
     Knob("log_level", "KERASDIST_LOG_LEVEL", "--log-level", "warning", _one_of(tuple(LOG_LEVELS)),
-         "engine messages on stderr: " + ", ".join(LOG_LEVELS), metavar="LEVEL", flag_to_text=str.lower),
+         "engine messages on stderr: " + ", ".join(LOG_LEVELS), metavar="LEVEL", flag_to_text=str.lower,
+         to_engine=_log_level_number),
     Knob("tf_threads", "KERASDIST_TF_THREADS", "--tf-threads", "auto", _one_of(TF_THREAD_MODES),
          "auto: when ranks on a host share CPUs, size TensorFlow's thread pools to each rank's share; "
          "off: leave them to TensorFlow", metavar="MODE", flag_to_text=str.lower),
 )
+
+
+def engine_settings(knobs):
+    """(name, text) of every knob the engine reads: what `runtime.init()` hands to C++, in one call."""
+    return [(knob.field, knob.to_engine(getattr(knobs, knob.field))) for knob in KNOBS if knob.to_engine]
 
 
 def _from_environment(cls, environ=None):

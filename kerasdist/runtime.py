@@ -14,7 +14,7 @@ import threading
 import time
 import warnings
 
-from kerasdist.knobs import LOG_LEVELS, Knobs
+from kerasdist.knobs import Knobs, engine_settings
 
 @dataclasses.dataclass
 class _State:
@@ -91,15 +91,14 @@ def init():
         path = _library_path()
         ops = tf.load_op_library(path)
         engine = ctypes.CDLL(path)
-        engine.kerasdist_start.argtypes = [ctypes.c_int64, ctypes.c_double, ctypes.c_double, ctypes.c_double,
-                                           ctypes.c_double, ctypes.c_int, ctypes.c_char_p, ctypes.c_int,
-                                           ctypes.c_char_p, ctypes.c_int]
+        engine.kerasdist_start.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                                           ctypes.POINTER(ctypes.c_char_p), ctypes.c_char_p, ctypes.c_int]
         engine.kerasdist_submit_failure.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
         error = ctypes.create_string_buffer(1024)
-        failed = engine.kerasdist_start(knobs.fusion_threshold_bytes, knobs.cycle_time_ms, knobs.stall_warning_s,
-                                        knobs.stall_timeout_s, knobs.mismatch_timeout_s, knobs.cache_capacity,
-                                        knobs.timeline_path.encode(), LOG_LEVELS[knobs.log_level], error,
-                                        len(error))
+        settings = engine_settings(knobs)
+        names = (ctypes.c_char_p * len(settings))(*(name.encode() for name, _ in settings))
+        values = (ctypes.c_char_p * len(settings))(*(text.encode() for _, text in settings))
+        failed = engine.kerasdist_start(len(settings), names, values, error, len(error))
         if failed:
             raise RuntimeError(error.value.decode())
         _state = _State(rank=rank, size=size, local_rank=local.Get_rank(),

@@ -1,5 +1,10 @@
 """KERASDIST_* settings: declared once, checked by one rule that init() and kerasdist-run share,
 and a bad value names its variable, the text and what is allowed."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from kerasdist.knobs import KNOBS, Knobs
@@ -90,3 +95,42 @@ def test_the_declaration_and_the_settings_have_the_same_fields():
     assert [knob.field for knob in KNOBS] == list(Knobs.__dataclass_fields__)
     assert len({knob.variable for knob in KNOBS}) == len({knob.flag for knob in KNOBS}) == len(KNOBS)
     assert all(knob.variable.startswith("KERASDIST_") for knob in KNOBS)
+
+
+# The engine's half of "declared once": kerasdist_start takes the knobs by name and refuses a
+# start that misses one, repeats one or names one it does not have. Run in a fresh process, where
+# MPI is not initialized: a start that gets past the settings stops at that check instead.
+_ENGINE_START = """
+import ctypes, sys
+import tensorflow as tf
+from kerasdist import knobs, runtime
+path = runtime._library_path()
+tf.load_op_library(path)
+engine = ctypes.CDLL(path)
+def start(settings):
+    names = (ctypes.c_char_p * len(settings))(*(n.encode() for n, _ in settings))
+    values = (ctypes.c_char_p * len(settings))(*(t.encode() for _, t in settings))
+    error = ctypes.create_string_buffer(1024)
+    engine.kerasdist_start(len(settings), names, values, error, len(error))
+    print("START:", error.value.decode(), flush=True)
+every = knobs.engine_settings(knobs.Knobs())
+start(every)
+start(every[1:])
+start(every + [("bucket_bytes", "65536")])
+start(every + every[:1])
+start([(n, "soon" if n == "stall_timeout_s" else t) for n, t in every])
+"""
+
+
+def test_the_engine_takes_every_engine_knob_by_name_and_refuses_the_rest():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "KERASDIST_"))}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    done = subprocess.run([sys.executable, "-c", _ENGINE_START], env=env, capture_output=True, text=True,
+                          timeout=120)
+    results = [line[len("START: "):] for line in done.stdout.splitlines() if line.startswith("START: ")]
+    first = KNOBS[0].field
+    assert results == ["kerasdist: MPI is not initialized",
+                       f"kerasdist: engine setting {first} was not given",
+                       "kerasdist: the engine has no setting bucket_bytes",
+                       f"kerasdist: engine setting {first} given twice",
+                       "kerasdist: engine setting stall_timeout_s=soon is not valid"], done.stderr[-3000:]

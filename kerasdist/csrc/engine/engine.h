@@ -31,15 +31,17 @@
 
 namespace kerasdist {
 
+// Every field is set by name from kerasdist/knobs.py, which owns the defaults and the checks
+// (c_api.cc refuses a start that does not name each one), so no default is written here.
 struct EngineOptions {
-  int64_t fusion_threshold_bytes = 16 << 20;  // 0 disables fusion
-  double cycle_time_ms = 0.0;                 // coalescing window after work arrives
-  double stall_warning_s = 60.0;              // 0 disables warnings
-  double stall_timeout_s = 0.0;               // 0: wait forever
-  double mismatch_timeout_s = 5.0;            // every rank blocked in a different call; 0: never
-  int cache_capacity = 1024;                  // requests that may take the fast path
-  std::string timeline_path;                  // written by rank 0 when set
-  int log_level = 2;                          // 0 debug, 1 info, 2 warning, 3 error
+  int64_t fusion_threshold_bytes = 0;  // 0 disables fusion
+  double cycle_time_ms = 0.0;          // coalescing window after work arrives
+  double stall_warning_s = 0.0;        // 0 disables warnings
+  double stall_timeout_s = 0.0;        // 0: wait forever
+  double mismatch_timeout_s = 0.0;     // every rank blocked in a different call; 0: never
+  int cache_capacity = 0;              // requests that may take the fast path
+  std::string timeline_path;           // written by rank 0 when set
+  int log_level = 0;                   // 0 debug, 1 info, 2 warning, 3 error
 };
 
 class Engine {
