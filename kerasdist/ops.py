@@ -17,18 +17,15 @@ import threading
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import auto_control_deps
-from tensorflow.python.ops import control_flow_util
 
-from kerasdist import runtime
+from kerasdist import _compat, runtime
 
 _OP_TYPES = ("KerasdistAllreduce", "KerasdistAllgather", "KerasdistBroadcast",
              "KerasdistReducescatter", "KerasdistAlltoall")
 # The ops are stateful, so tf.function never prunes one whose result a rank leaves unused (the
 # other ranks would wait for it). They need no program order, though: the engine negotiates
 # one, and serializing them like other stateful ops would defeat tensor fusion.
-auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
-    auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset(_OP_TYPES))
+_compat.mark_order_insensitive(_OP_TYPES)
 
 
 class _OpKind(enum.IntEnum):
@@ -159,8 +156,7 @@ def _fail(kind, name, error):
 
 def _refuse_xla(where):
     """Our ops have no XLA kernels: fail at trace time with a fix, not deep inside XLA."""
-    if not tf.executing_eagerly() and control_flow_util.GraphOrParentsInXlaContext(
-            tf.compat.v1.get_default_graph()):
+    if not tf.executing_eagerly() and _compat.in_xla_context():
         raise ValueError(
             f"{where} runs inside an XLA-compiled function (jit_compile=True), but kerasdist's "
             "collectives have no XLA kernels. Compile the model with jit_compile=False (the "

@@ -1,0 +1,95 @@
+"""Every private Keras and TensorFlow hook kerasdist relies on, in one place.
+
+Public APIs cannot do these jobs (why is said at each hook). A Keras or TensorFlow release that
+moves or drops one breaks here, at import, with a message naming the hook and the versions
+kerasdist was tested with, instead of deep inside `fit`. tests/test_compat.py checks each
+hook's behaviour, not only that it exists.
+"""
+import importlib
+
+import keras
+import tensorflow as tf
+
+TESTED_WITH = "Keras 3.15 and TensorFlow 2.21"
+
+
+def _private(module, name, used_for):
+    """`module.name`, or an ImportError saying what kerasdist needed it for."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as error:
+        raise ImportError(
+            f"kerasdist needs {module}.{name} ({used_for}), which this installation "
+            f"(Keras {keras.__version__}, TensorFlow {tf.__version__}) does not have: {error}. kerasdist "
+            f"was tested with {TESTED_WITH}; install one of those versions.") from None
+
+
+# Keras's base for callbacks that watch a metric (mode "auto"/"min"/"max", `_is_improvement`):
+# Rank0Checkpoint compares its monitored value exactly as ModelCheckpoint does.
+MonitorCallback = _private("keras.src.callbacks.monitor_callback", "MonitorCallback",
+                           "Rank0Checkpoint's save_best_only comparisons")
+# Prints through Keras's own channel, so `keras.utils.disable_interactive_logging` quiets it too.
+print_msg = _private("keras.src.utils.io_utils", "print_msg", "Rank0Checkpoint's messages")
+# Lets an optimizer keep variables in plain attributes without Keras tracking them twice.
+no_automatic_dependency_tracking = _private("keras.src.utils.tracking", "no_automatic_dependency_tracking",
+                                            "DistributedOptimizer's own variables")
+# What `model.compile` wraps a plain loss function in; the curvature estimate reuses it.
+LossFunctionWrapper = _private("keras.src.losses.losses", "LossFunctionWrapper",
+                               "the Hessian power iteration's loss")
+_auto_control_deps = _private("tensorflow.python.framework", "auto_control_deps",
+                              "keeping kerasdist's collectives out of tf.function's program order")
+_control_flow_util = _private("tensorflow.python.ops", "control_flow_util", "refusing XLA-compiled functions")
+SummaryMetadata = _private("tensorflow.core.framework.summary_pb2", "SummaryMetadata",
+                           "the Estimator's scalar summaries without the tensorboard package")
+DATA_CLASS_SCALAR = _private("tensorflow.core.framework.summary_pb2", "DATA_CLASS_SCALAR",
+                             "the Estimator's scalar summaries without the tensorboard package")
+
+
+def mark_order_insensitive(op_types):
+    """Lets tf.function keep the stateful `op_types` (never pruned) without ordering them among
+    other stateful ops, which would serialize collectives the engine could fuse."""
+    _auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
+        _auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset(op_types))
+
+
+def order_insensitive_op_types():
+    return _auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS
+
+
+def in_xla_context():
+    """True while tracing a function compiled with jit_compile=True (or called from one)."""
+    return _control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def set_initial_epoch(model, epoch):
+    """Makes a `fit` that has begun start at `epoch`; None gives back its `initial_epoch`.
+
+    `fit` reads `model._initial_epoch` after `on_train_begin`: this is how Keras's own
+    BackupAndRestore resumes, and no public argument can change the epoch from a callback.
+    """
+    if not hasattr(model, "_initial_epoch"):
+        raise ImportError(f"kerasdist resumes fit() through keras.Model._initial_epoch, which Keras "
+                          f"{keras.__version__} does not have; kerasdist was tested with {TESTED_WITH}")
+    model._initial_epoch = epoch
+
+
+def learning_rate_object(optimizer):
+    """The optimizer's rate as given: a variable, or the `LearningRateSchedule` it evaluates
+    (`optimizer.learning_rate` evaluates a schedule, so it cannot tell the two apart)."""
+    return optimizer._learning_rate
+
+
+def replace_metrics_result(model, make_result):
+    """Makes `model.get_metrics_result` return `make_result(local_result)` where it runs eagerly.
+
+    Keras builds the epoch's logs (and `evaluate`'s results) from the eager call, outside the
+    compiled step; the calls inside a train or test step stay per batch and local.
+    """
+    local_result = model.get_metrics_result
+
+    def get_metrics_result():
+        if not tf.executing_eagerly():
+            return local_result()
+        return make_result(local_result)
+
+    model.get_metrics_result = get_metrics_result

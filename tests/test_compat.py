@@ -1,0 +1,121 @@
+"""Each private Keras/TensorFlow hook in kerasdist._compat still does what kerasdist uses it for.
+
+A Keras or TensorFlow upgrade that changes one of them fails here, by name, before it shows up as
+a wrong resume epoch or a hang in a multi-rank test.
+"""
+import contextlib
+import io
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from kerasdist import _compat
+
+
+def test_a_missing_hook_is_named_with_the_versions_kerasdist_was_tested_with():
+    with pytest.raises(ImportError, match=r"keras\.src\.nowhere\.Thing \(testing\).*tested with Keras"):
+        _compat._private("keras.src.nowhere", "Thing", "testing")
+
+
+def test_monitor_callback_compares_in_the_direction_of_its_mode():
+    lower = _compat.MonitorCallback(monitor="val_loss", mode="auto")  # a loss: lower is better
+    lower._set_monitor_op()
+    assert lower._is_improvement(0.5, 1.0) and not lower._is_improvement(1.0, 0.5)
+    higher = _compat.MonitorCallback(monitor="val_accuracy", mode="max")
+    higher._set_monitor_op()
+    assert higher._is_improvement(0.9, 0.8) and not higher._is_improvement(0.8, 0.9)
+
+
+def test_print_msg_prints_a_line():
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _compat.print_msg("saving model to x.keras")
+    assert out.getvalue() == "saving model to x.keras\n"
+
+
+def test_untracked_attributes_are_not_added_to_a_layers_variables():
+    class Holder(keras.layers.Layer):
+        def build(self, input_shape):
+            self.kept = self.add_weight(shape=(), name="kept")
+            self.set_aside()
+
+        @_compat.no_automatic_dependency_tracking
+        def set_aside(self):
+            self.aside = [keras.Variable(1.0, name="aside")]
+
+    holder = Holder()
+    holder.build(None)
+    assert [v.name for v in holder.weights] == ["kept"]
+
+
+def test_the_loss_wrapper_averages_a_plain_loss_function_over_the_batch():
+    loss = _compat.LossFunctionWrapper(lambda y, p: tf.square(y - p))
+    value = loss(np.array([1.0, 3.0], "float32"), np.array([0.0, 0.0], "float32"))
+    assert float(value) == pytest.approx(5.0)
+
+
+def test_ops_marked_order_insensitive_are_in_tensorflows_set():
+    import kerasdist.ops  # noqa: F401  marks the collectives when imported
+
+    assert "KerasdistAllreduce" in _compat.order_insensitive_op_types()
+    _compat.mark_order_insensitive(["KerasdistTestOnly"])
+    assert {"KerasdistTestOnly", "KerasdistAllreduce"} <= _compat.order_insensitive_op_types()
+
+
+def test_xla_context_is_seen_only_inside_a_jit_compiled_function():
+    seen = {}
+
+    @tf.function(jit_compile=True)
+    def compiled(x):
+        seen["compiled"] = _compat.in_xla_context()
+        return x + 1
+
+    @tf.function
+    def plain(x):
+        seen["plain"] = _compat.in_xla_context()
+        return x + 1
+
+    compiled(tf.constant(1.0))
+    plain(tf.constant(1.0))
+    assert seen == {"compiled": True, "plain": False}
+    assert not _compat.in_xla_context()
+
+
+def test_setting_the_initial_epoch_from_on_train_begin_makes_fit_start_there():
+    epochs = []
+
+    class StartAtTwo(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            _compat.set_initial_epoch(self.model, 2)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            epochs.append(epoch)
+
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(np.zeros((4, 1)), np.zeros((4, 1)), epochs=4, verbose=0, callbacks=[StartAtTwo()])
+    assert epochs == [2, 3]
+    _compat.set_initial_epoch(model, None)
+    epochs.clear()
+    model.fit(np.zeros((4, 1)), np.zeros((4, 1)), epochs=2, verbose=0, callbacks=[keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda epoch, logs: epochs.append(epoch))])
+    assert epochs == [0, 1]
+
+
+def test_learning_rate_object_tells_a_schedule_from_a_rate():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)
+    assert _compat.learning_rate_object(keras.optimizers.SGD(schedule)) is schedule
+    rate = _compat.learning_rate_object(keras.optimizers.SGD(0.25))
+    assert not isinstance(rate, keras.optimizers.schedules.LearningRateSchedule)
+    assert float(keras.ops.convert_to_numpy(rate)) == 0.25
+
+
+def test_a_replaced_metrics_result_is_what_fit_and_evaluate_report():
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=["mae"])
+    _compat.replace_metrics_result(model, lambda local: {name: 7.0 for name in local()})
+    history = model.fit(np.ones((4, 1)), np.ones((4, 1)), epochs=1, verbose=0)
+    assert history.history == {"loss": [7.0], "mae": [7.0]}
+    assert model.evaluate(np.ones((4, 1)), np.ones((4, 1)), verbose=0, return_dict=True) == {"loss": 7.0, "mae": 7.0}
