@@ -37,8 +37,7 @@ $(VENV)/.built: $(VENV)/.editable $(OP_LIBRARY_SOURCES)
 # of waiting.
 test: build
 	$(RUN_ENV) $(PY) -m pytest -q tests
-	$(RUN_ENV) $(PY) -m pytest -q -p no:cacheprovider --doctest-modules kerasdist
-	$(RUN_ENV) timeout 300 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider --doctest-modules kerasdist
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives

@@ -217,10 +217,13 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
       A list of tensors of the same shapes and dtypes.
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> a, b = kerasdist.grouped_allreduce([tf.ones(2), tf.zeros(3)], op=kerasdist.Sum)
-        >>> float(a[0]) == kerasdist.size()
-        True
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    a, b = kerasdist.grouped_allreduce([tf.ones(2), tf.zeros(3)], op=kerasdist.Sum)
+    print(float(a[0]) == kerasdist.size())  # True
+    ```
     """
     return _allreduce_group(tensors, op, name, prescale_factor, postscale_factor,
                             compression.wire_dtypes(len(tensors)))
@@ -250,10 +253,13 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
     ``IndexedSlices`` (an embedding gradient) is gathered instead of densified.
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> total = kerasdist.allreduce(tf.constant([1.0, 2.0]), op=kerasdist.Sum)
-        >>> total.numpy().tolist() == [kerasdist.size() * 1.0, kerasdist.size() * 2.0]
-        True
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    total = kerasdist.allreduce(tf.constant([1.0, 2.0]), op=kerasdist.Sum)
+    print(total.numpy().tolist() == [kerasdist.size() * 1.0, kerasdist.size() * 2.0])  # True
+    ```
     """
     if isinstance(tensor, tf.IndexedSlices):
         return _allreduce_indexed_slices(tensor, _check_reduce_op(op), name, prescale_factor * postscale_factor,
@@ -280,10 +286,13 @@ def allgather(tensor, name=None):
     The first dimension may differ between ranks; the others must match.
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> rows = kerasdist.allgather(tf.fill([kerasdist.rank() + 1, 2], kerasdist.rank()))
-        >>> int(rows.shape[0]) == kerasdist.size() * (kerasdist.size() + 1) // 2
-        True
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    rows = kerasdist.allgather(tf.fill([kerasdist.rank() + 1, 2], kerasdist.rank()))
+    print(int(rows.shape[0]) == kerasdist.size() * (kerasdist.size() + 1) // 2)  # True
+    ```
     """
     _refuse_xla("kerasdist.allgather")
     tensor = tf.convert_to_tensor(tensor)
@@ -297,9 +306,12 @@ def broadcast(tensor, root_rank, name=None):
     """Every rank receives ``root_rank``'s ``tensor`` (same shape and dtype on all ranks).
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> int(kerasdist.broadcast(tf.constant(kerasdist.rank()), root_rank=0))
-        0
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    print(int(kerasdist.broadcast(tf.constant(kerasdist.rank()), root_rank=0)))  # 0
+    ```
     """
     _refuse_xla("kerasdist.broadcast")
     tensor = tf.convert_to_tensor(tensor)
@@ -324,11 +336,14 @@ def broadcast_variables(variables, root_rank=0):
     which avoids copying it into a buffer.
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> v = tf.Variable(float(kerasdist.rank()))
-        >>> kerasdist.broadcast_variables([v], root_rank=0)
-        >>> float(v.numpy())
-        0.0
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    v = tf.Variable(float(kerasdist.rank()))
+    kerasdist.broadcast_variables([v], root_rank=0)
+    print(float(v.numpy()))  # 0.0
+    ```
     """
     small_by_dtype = {}
     for variable in variables:
@@ -351,10 +366,13 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
     Rank r gets ``n // size + (1 if r < n % size else 0)`` rows: lower ranks take the remainder.
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> shard = kerasdist.reducescatter(tf.ones([kerasdist.size() * 2, 3]), op=kerasdist.Sum)
-        >>> shard.shape.as_list()
-        [2, 3]
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    shard = kerasdist.reducescatter(tf.ones([kerasdist.size() * 2, 3]), op=kerasdist.Sum)
+    print(shard.shape.as_list())  # [2, 3]
+    ```
     """
     _refuse_xla("kerasdist.reducescatter")
     tensor = tf.convert_to_tensor(tensor)
@@ -373,10 +391,13 @@ def alltoall(tensor, splits=None, name=None):
     Without ``splits``, dim 0 must divide evenly by ``size()``.
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> got = kerasdist.alltoall(tf.fill([kerasdist.size()], kerasdist.rank()))
-        >>> got.numpy().tolist() == list(range(kerasdist.size()))
-        True
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    got = kerasdist.alltoall(tf.fill([kerasdist.size()], kerasdist.rank()))
+    print(got.numpy().tolist() == list(range(kerasdist.size())))  # True
+    ```
     """
     _refuse_xla("kerasdist.alltoall")
     output, _ = _alltoall(tensor, splits, name)
@@ -434,9 +455,12 @@ def broadcast_object(obj, root_rank=0, name=None):
     ``tf.errors.InvalidArgumentError`` naming it.
 
     Example:
-        >>> import kerasdist
-        >>> kerasdist.broadcast_object({"seed": 40 + kerasdist.rank()}, root_rank=0)
-        {'seed': 40}
+
+    ```python
+    import kerasdist
+    kerasdist.init()
+    print(kerasdist.broadcast_object({"seed": 40 + kerasdist.rank()}, root_rank=0))  # {'seed': 40}
+    ```
     """
     with tf.init_scope():
         name = _tensor_name("broadcast_object", name)
@@ -455,9 +479,12 @@ def allgather_object(obj, name=None):
     """Returns the list of every rank's picklable ``obj``, in rank order (a collective, run eagerly).
 
     Example:
-        >>> import kerasdist
-        >>> kerasdist.allgather_object(kerasdist.rank()) == list(range(kerasdist.size()))
-        True
+
+    ```python
+    import kerasdist
+    kerasdist.init()
+    print(kerasdist.allgather_object(kerasdist.rank()) == list(range(kerasdist.size())))  # True
+    ```
     """
     with tf.init_scope():
         name = _tensor_name("allgather_object", name)
@@ -477,8 +504,12 @@ def barrier(name=None):
     """Returns once every rank has called it.
 
     Example:
-        >>> import kerasdist
-        >>> kerasdist.barrier()
+
+    ```python
+    import kerasdist
+    kerasdist.init()
+    kerasdist.barrier()
+    ```
     """
     _refuse_xla("kerasdist.barrier")
     _ops().kerasdist_allreduce([tf.zeros([1], tf.int32)], _scale(1.0), _scale(1.0),

@@ -66,10 +66,12 @@ def init():
     it first.
 
     Example:
-        >>> import kerasdist
-        >>> kerasdist.init()
-        >>> 0 <= kerasdist.rank() < kerasdist.size()
-        True
+
+    ```python
+    import kerasdist
+    kerasdist.init()
+    print(0 <= kerasdist.rank() < kerasdist.size())  # True
+    ```
     """
     global _state
     with _lock:

@@ -50,11 +50,15 @@ def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scalin
         extra: more callbacks, placed after the metric averaging and before the loggers.
 
     Example:
-        >>> import keras, kerasdist, numpy as np
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        >>> model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
-        >>> history = model.fit(np.ones((8, 3)), np.ones((8, 1)), verbose=0,
-        ...                     callbacks=kerasdist.callbacks(warmup_epochs=1))
+
+    ```python
+    import keras, kerasdist, numpy as np
+    kerasdist.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    history = model.fit(np.ones((8, 3)), np.ones((8, 1)), verbose=0,
+                        callbacks=kerasdist.callbacks(warmup_epochs=1))
+    ```
     """
     is_root = runtime.state().rank == root_rank
     callbacks = [BroadcastGlobalState(root_rank)]

@@ -25,11 +25,15 @@ class BroadcastGlobalState(keras.callbacks.Callback):
         root_rank: the rank whose state everyone takes. Defaults to 0.
 
     Example:
-        >>> import keras, kerasdist, numpy as np
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        >>> model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
-        >>> history = model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
-        ...                     callbacks=[kerasdist.callbacks.BroadcastGlobalState()])
+
+    ```python
+    import keras, kerasdist, numpy as np
+    kerasdist.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    history = model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
+                        callbacks=[kerasdist.callbacks.BroadcastGlobalState()])
+    ```
     """
 
     def __init__(self, root_rank=0):

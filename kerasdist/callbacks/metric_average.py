@@ -47,11 +47,15 @@ class MetricAverage(keras.callbacks.Callback):
     `fit`, so a later `model.evaluate()` is global too; every rank must then call it.
 
     Example:
-        >>> import keras, kerasdist, numpy as np
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        >>> model.compile("sgd", loss="mse", metrics=["mae"])
-        >>> history = model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
-        ...                     callbacks=[kerasdist.callbacks.MetricAverage()])
+
+    ```python
+    import keras, kerasdist, numpy as np
+    kerasdist.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", loss="mse", metrics=["mae"])
+    history = model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0,
+                        callbacks=[kerasdist.callbacks.MetricAverage()])
+    ```
     """
 
     def set_model(self, model):

@@ -2,7 +2,6 @@
 shape, has the parameter count computed here by hand (or quoted from its paper), and starts
 from the same weights under the same seed. No collectives: every rank runs these alone."""
 
-import re
 
 import keras
 import numpy as np
@@ -139,11 +138,3 @@ def test_weights_are_reproducible_under_a_seed(build):
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
     assert any(not np.array_equal(a, b) for a, b in zip(first, other))
-
-
-@pytest.mark.parametrize("name", models.__all__)
-def test_docstring_example_runs(name):
-    block = re.search(r"Example:\s*```python\n(.*?)```", getattr(models, name).__doc__, flags=re.S).group(1)
-    lines = block.splitlines()
-    indent = min(len(line) - len(line.lstrip()) for line in lines if line.strip())
-    exec(compile("\n".join(line[indent:] for line in lines), f"<{name} example>", "exec"), {})
