@@ -91,7 +91,7 @@ def _check_shape(value, shape, line):
 def test_the_examples_that_state_printed_values_are_found():
     names = set(EXAMPLES)
     for expected in ("kerasdist.models.resnet.cifar_resnet", "kerasdist.models.resnet.resnet50",
-                     "kerasdist.optimizers.lars.LARS", "kerasdist.curvature.top_hessian_eigenvalue",
+                     "kerasdist.optimizers.lars.LARS", "kerasdist.batch_growth.curvature.top_hessian_eigenvalue",
                      "kerasdist.estimator.Estimator"):
         assert expected in names, sorted(names)
 

@@ -1,7 +1,7 @@
 """The default callbacks: global metrics, rank-0 output, warmup and schedules.
 
 Expected values come from plain Keras on the union of every rank's data (each rank builds
-all shards itself) or from the formulas in ALGORITHMS.md written out here.
+all shards itself) or from the formulas in docs/algorithms.md written out here.
 """
 
 import math
