@@ -18,9 +18,10 @@ _EXPORTS = {
         "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
         "broadcast_variables", "grouped_allreduce", "reducescatter")},
     **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
-    "GradientNoiseScale": "kerasdist.noise_scale",
+    "GradientNoiseScale": "kerasdist.batch_growth.noise_scale",
 }
-_SUBMODULES = ("callbacks", "curvature", "data", "estimator", "models", "optimizers", "run")
+_SUBMODULES = ("batch_growth", "callbacks", "curvature", "data", "estimator", "learning_rate", "models", "optimizers",
+               "run")
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

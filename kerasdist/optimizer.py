@@ -12,7 +12,8 @@ import tensorflow as tf
 from keras.src.utils import tracking
 
 from kerasdist import ops, runtime
-from kerasdist.noise_scale import GradientNoiseScale
+from kerasdist.batch_growth.noise_scale import GradientNoiseScale
+from kerasdist.learning_rate import batch_multiple
 
 _COMPRESSIONS = {"none": ops.Compression.none, "fp16": ops.Compression.fp16, "bf16": ops.Compression.bf16}
 _GRADIENT_OPS = {"average": ops.Average, "sum": ops.Sum}
@@ -132,7 +133,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     (per-rank batch) × ranks × k, and communication drops k-fold. `k` can change while training
     runs (`optimizer.backward_passes_per_step = 4`) without retracing, as long as the optimizer was
     built with `k > 1`; raising it from 1 after the first step creates the accumulators, and the
-    traced train function must then be rebuilt (`model.make_train_function(force=True)`).
+    traced train function must then be rebuilt (`model.make_train_function(force=True)`):
+    `set_backward_passes_per_step(k, model)` does both.
+
+    Callbacks that adapt training to the gradients read them through `gradient_statistics()`
+    (the `GradientNoiseScale` fed by every update) and change k with
+    `set_backward_passes_per_step`, as `kerasdist.callbacks.AdaptiveBatchGrowth` does.
 
     Args:
         optimizer: the optimizer to wrap (a `keras.optimizers.Optimizer`, or a name such as `"sgd"`).
@@ -192,8 +198,32 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self._op_name != "average":
             raise ValueError("the gradient noise scale needs op=kerasdist.Average")
         if self.built:
-            raise ValueError("attach the GradientNoiseScale before the optimizer is built (its first step)")
+            raise ValueError("attach the GradientNoiseScale before the optimizer's first step, e.g. "
+                             "DistributedOptimizer(..., gradient_noise_scale=kerasdist.GradientNoiseScale())")
         self.gradient_noise_scale = gradient_noise_scale
+
+    def gradient_statistics(self, batch_size=None):
+        """The statistics gathered from every update's gradients: the `GradientNoiseScale`.
+
+        When the optimizer has none, a new one is attached, which is possible only before its
+        first step (the statistics' variables are created when it is built).
+
+        Args:
+            batch_size: the per-rank micro-batch size; when given, it is set on the statistics
+                (it expresses tr(Σ) and B_noise in samples).
+
+        Example:
+            >>> import keras, kerasdist
+            >>> optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+            >>> statistics = optimizer.gradient_statistics(batch_size=32)
+            >>> statistics is optimizer.gradient_noise_scale, statistics.batch_size
+            (True, 32)
+        """
+        if self.gradient_noise_scale is None:
+            self.attach_gradient_noise_scale(GradientNoiseScale())
+        if batch_size is not None:
+            self.gradient_noise_scale.batch_size = batch_size
+        return self.gradient_noise_scale
 
     @property
     def op(self):
@@ -248,6 +278,27 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                                    "variables)")
             self._create_accumulators()
         self._backward_passes.assign(value)
+
+    def set_backward_passes_per_step(self, value, model=None):
+        """Changes k while training runs so that the next traced step uses it; returns whether
+        that needed a new trace.
+
+        Assigning `backward_passes_per_step` changes a variable the traced step reads, except
+        when k is raised from 1 after the first step: the accumulators created then are unknown
+        to a step traced without them (it fails rather than ignore k), so the step must be
+        traced again. Given the `model` compiled with this optimizer, its train function is then
+        rebuilt here; in a custom loop, rebuild your own `tf.function` when this returns True.
+
+        Args:
+            value: the new k, an integer >= 1. Call it outside `tf.function`.
+            model: the Keras model whose train function to rebuild when needed.
+        """
+        value = _check_backward_passes(value)
+        needs_retrace = self.built and self._accumulators is None and value > 1
+        self.backward_passes_per_step = value
+        if needs_retrace and model is not None:
+            model.make_train_function(force=True)
+        return needs_retrace
 
     @property
     def variables(self):
@@ -307,7 +358,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             reduced, (mean_micro_batch_sq_norm,) = _reduce(grads, self.op, self.compression, self.sparse_as_dense,
                                                            statistics=[micro_batch_sq_norm])
             noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced),
-                         big_over_small=runtime.state().size * micro_batches)
+                         big_over_small=batch_multiple(micro_batches))
         with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, trainable_variables)):
             self.inner_optimizer.apply(reduced, trainable_variables)
 

@@ -13,7 +13,7 @@ import types
 import keras
 
 from kerasdist import runtime
-from kerasdist.callbacks.batch_growth import AdaptiveBatchGrowth
+from kerasdist.batch_growth import AdaptiveBatchGrowth
 from kerasdist.callbacks.broadcast import BroadcastGlobalState
 from kerasdist.callbacks.checkpoint import Rank0Checkpoint
 from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup

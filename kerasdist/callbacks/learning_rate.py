@@ -6,59 +6,7 @@ import numbers
 import keras
 
 from kerasdist import runtime
-
-_SCALINGS = ("linear", "sqrt", "none")
-
-
-def innermost_optimizer(optimizer):
-    """Looks through wrappers (`DistributedOptimizer`, `LossScaleOptimizer`) to the optimizer that
-    owns the update rule."""
-    while hasattr(optimizer, "inner_optimizer"):
-        optimizer = optimizer.inner_optimizer
-    return optimizer
-
-
-def batch_scale(optimizer, scaling):
-    """How many times the single-worker batch the global batch is, after `scaling`.
-
-    The global batch is (per-rank batch) × ranks × `backward_passes_per_step`; "linear" returns
-    that factor, "sqrt" its square root, "none" 1.
-    """
-    if scaling not in _SCALINGS:
-        raise ValueError(f"scaling={scaling!r}; expected one of {_SCALINGS}")
-    factor = runtime.state().size * getattr(optimizer, "backward_passes_per_step", 1)
-    return {"linear": factor, "sqrt": math.sqrt(factor), "none": 1.0}[scaling]
-
-
-def _velocities(optimizer):
-    """State variables into which the optimizer multiplies the learning rate (SGD's and LARS's
-    momentum), or [] when the rate is applied afresh each step (Adam, LAMB, plain SGD)."""
-    inner = innermost_optimizer(optimizer)
-    found = getattr(inner, "momentums", None) or getattr(inner, "_velocities", None) or []
-    return [v for v in found if v is not None]
-
-
-def current_learning_rate(optimizer):
-    """The optimizer's rate as a float; a `LearningRateSchedule` object is refused (it cannot be set)."""
-    if isinstance(innermost_optimizer(optimizer)._learning_rate, keras.optimizers.schedules.LearningRateSchedule):
-        raise ValueError("the optimizer's learning rate is a LearningRateSchedule object, which a callback "
-                         "cannot set; give the optimizer a float rate")
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
-
-
-def set_learning_rate(optimizer, new_lr, momentum_correction=True):
-    """Sets the rate; with `momentum_correction`, rescales SGD-like velocities by new/old rate.
-
-    SGD's velocity holds lr·g terms: rescaling it applies the new rate to the past gradients
-    too, instead of a jump that momentum would smear over many steps (Goyal et al. 2017).
-    """
-    old_lr = current_learning_rate(optimizer)
-    if new_lr == old_lr:
-        return
-    if momentum_correction and old_lr > 0:
-        for velocity in _velocities(optimizer):
-            velocity.assign(velocity * (new_lr / old_lr))
-    optimizer.learning_rate = new_lr
+from kerasdist.learning_rate import batch_scale, check_scaling, current_learning_rate, set_learning_rate
 
 
 class _LearningRateCallback(keras.callbacks.Callback):
@@ -66,8 +14,7 @@ class _LearningRateCallback(keras.callbacks.Callback):
 
     def __init__(self, initial_lr, scaling, steps_per_epoch, momentum_correction, verbose):
         super().__init__()
-        if scaling not in _SCALINGS:
-            raise ValueError(f"scaling={scaling!r}; expected one of {_SCALINGS}")
+        check_scaling(scaling)
         self.initial_lr = initial_lr
         self.scaling = scaling
         self.steps_per_epoch = steps_per_epoch

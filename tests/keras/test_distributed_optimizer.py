@@ -301,6 +301,36 @@ def test_raising_passes_from_one_needs_a_new_train_function():
     assert int(optimizer.iterations.numpy()) == 2 + 1
 
 
+def test_set_backward_passes_per_step_takes_effect_in_the_next_fit():
+    x, y = global_data(4, SIZE * PER_RANK_BATCH)
+    model = make_model()
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    model.compile(optimizer, loss="mse")
+    model.fit(x[:8], y[:8], batch_size=PER_RANK_BATCH, verbose=0, callbacks=kd.callbacks())  # traced with k = 1
+    assert optimizer.set_backward_passes_per_step(2, model) is True  # new accumulators: the hook retraced
+    model.fit(x[:8], y[:8], batch_size=PER_RANK_BATCH, verbose=0)
+    assert int(optimizer.iterations.numpy()) == 2 + 1
+    assert optimizer.set_backward_passes_per_step(4, model) is False  # k is a variable the trace reads
+    model.fit(x[:16], y[:16], batch_size=PER_RANK_BATCH, verbose=0)
+    assert int(optimizer.iterations.numpy()) == 2 + 1 + 1
+
+
+def test_gradient_statistics_are_attached_before_the_first_step_and_read_after_it():
+    x, y = global_data(4, SIZE * 2 * PER_RANK_BATCH)
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2)
+    statistics = optimizer.gradient_statistics(batch_size=PER_RANK_BATCH)
+    model = make_model()
+    model.compile(optimizer, loss="mse")
+    model.fit(x, y, batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    assert optimizer.gradient_statistics() is statistics
+    assert statistics.updates == len(x) // (2 * PER_RANK_BATCH)  # every update fed them
+    assert np.isfinite(statistics.noise_scale())
+    plain = kd.DistributedOptimizer(keras.optimizers.SGD(0.05))
+    plain.build(make_model().trainable_variables)
+    with pytest.raises(ValueError, match="before the optimizer's first step"):
+        plain.gradient_statistics()
+
+
 def test_gradient_tape_matches_one_process_with_the_global_batch():
     x, y = global_data(STEPS, SIZE * PER_RANK_BATCH)
     mse = keras.losses.MeanSquaredError()

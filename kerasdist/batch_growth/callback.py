@@ -1,17 +1,13 @@
-"""Grow the effective batch while training, from curvature or gradient-noise signals."""
+"""The callback that grows the effective batch while training, from a `GrowthSignal`."""
 
 import math
 
 import keras
 
 from kerasdist import ops, runtime
-from kerasdist.callbacks.learning_rate import current_learning_rate, set_learning_rate
-from kerasdist.curvature import HessianPowerIteration
-from kerasdist.noise_scale import GradientNoiseScale
-from kerasdist.optimizer import DistributedOptimizer
-
-_SIGNALS = ("curvature", "noise_scale")
-_LR_SCALINGS = ("linear", "sqrt", "none")
+from kerasdist.batch_growth.signals import named_signal
+from kerasdist.learning_rate import (batch_multiple, check_scaling, current_learning_rate, scaling_factor,
+                                     set_learning_rate)
 
 
 class AdaptiveBatchGrowth(keras.callbacks.Callback):
@@ -25,13 +21,14 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
 
     Signals, checked every `check_every_epochs` epochs at epoch end:
 
-    - "curvature" (Yao et al. 2018, ABS): the top Hessian eigenvalue λ of the loss on
-      `curvature_data`, by power iteration (`kerasdist.curvature.top_hessian_eigenvalue`, each
-      rank on its own sample, products averaged). The first value is the reference λ_ref; when
+    - "curvature" (Yao et al. 2018, ABS; `CurvatureSignal`): the top Hessian eigenvalue λ of
+      the loss on `curvature_data`, by power iteration (`HessianPowerIteration`, each rank on
+      its own sample, products averaged). The first value is the reference λ_ref; when
       λ ≤ λ_ref / 2 the batch grows and λ_ref ← λ.
-    - "noise_scale" (McCandlish et al. 2018): B_noise from a `kerasdist.GradientNoiseScale`
-      fed by every update (attached to the optimizer automatically if it has none). The batch
-      grows while the grown batch stays at or below B_noise, the critical batch size.
+    - "noise_scale" (McCandlish et al. 2018; `NoiseScaleSignal`): B_noise from the optimizer's
+      `gradient_statistics()`, a `kerasdist.GradientNoiseScale` fed by every update (attached
+      automatically if it has none). The batch grows while the grown batch stays at or below
+      B_noise, the critical batch size.
 
     After `max_epochs_without_growth` checks without growth it grows anyway; it never exceeds
     `max_batch_size`. Every rank computes the signal from allreduced values; the decision is
@@ -40,9 +37,10 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
     and `hessian_top_eigenvalue` or `noise_scale` into the epoch logs (so `CSVLogger` and
     `TensorBoard` record them) and appends a record to `history`.
 
-    Raising k from 1 creates the optimizer's accumulators; the callback then rebuilds the
-    model's train function (one retrace). Build the optimizer with
-    `backward_passes_per_step >= 2`, or accept that one retrace.
+    k changes through `DistributedOptimizer.set_backward_passes_per_step`: raising it from 1
+    creates the optimizer's accumulators and rebuilds the model's train function (one
+    retrace). Build the optimizer with `backward_passes_per_step >= 2`, or accept that one
+    retrace.
 
     Args:
         signal: "noise_scale" (default) or "curvature".
@@ -71,16 +69,12 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
                  lr_scaling="linear", check_every_epochs=1, max_epochs_without_growth=None, curvature_data=None,
                  loss_fn=None, hessian_iterations=10, hessian_tolerance=1e-2, verbose=0):
         super().__init__()
-        if signal not in _SIGNALS:
-            raise ValueError(f"signal={signal!r}; expected one of {_SIGNALS}")
+        self._growth_signal = named_signal(signal, curvature_data, loss_fn, hessian_iterations, hessian_tolerance)
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r}: give the per-rank batch size of fit (an int >= 1)")
         if not isinstance(growth_factor, int) or growth_factor < 2:
             raise ValueError(f"growth_factor={growth_factor!r} must be an integer >= 2")
-        if lr_scaling not in _LR_SCALINGS:
-            raise ValueError(f"lr_scaling={lr_scaling!r}; expected one of {_LR_SCALINGS}")
-        if signal == "curvature" and curvature_data is None:
-            raise ValueError("signal='curvature' needs curvature_data=(x, y), a sample of this rank's data")
+        check_scaling(lr_scaling, "lr_scaling")
         if check_every_epochs < 1:
             raise ValueError(f"check_every_epochs={check_every_epochs!r} must be >= 1")
         self.signal = signal
@@ -90,58 +84,25 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         self.lr_scaling = lr_scaling
         self.check_every_epochs = check_every_epochs
         self.max_epochs_without_growth = max_epochs_without_growth
-        self.curvature_data = curvature_data
-        self.loss_fn = loss_fn
-        self.hessian_iterations = hessian_iterations
-        self.hessian_tolerance = hessian_tolerance
         self.verbose = verbose
         self.history = []
-        self._reference_eigenvalue = None
         self._checks_without_growth = 0
-        self._power_iteration = None
 
     def _optimizer(self):
         optimizer = getattr(self.model, "optimizer", None)
-        if not isinstance(optimizer, DistributedOptimizer):
+        if not hasattr(optimizer, "set_backward_passes_per_step"):
             raise ValueError("AdaptiveBatchGrowth grows backward_passes_per_step of a kerasdist.DistributedOptimizer; "
                              f"the model's optimizer is {type(optimizer).__name__}")
         return optimizer
 
     def set_model(self, model):
         super().set_model(model)
-        if self.signal != "noise_scale":
-            return
-        optimizer = self._optimizer()
-        if optimizer.gradient_noise_scale is None:
-            if optimizer.built:
-                raise ValueError("signal='noise_scale' needs a GradientNoiseScale on the optimizer before its "
-                                 "first step: DistributedOptimizer(..., gradient_noise_scale="
-                                 "kerasdist.GradientNoiseScale())")
-            optimizer.attach_gradient_noise_scale(GradientNoiseScale())
-        optimizer.gradient_noise_scale.batch_size = self.batch_size
+        self._optimizer()  # refuse a model it cannot grow before training starts
+        self._growth_signal.set_model(model, self.batch_size)
 
     def effective_batch_size(self):
         """Per-rank batch × ranks × accumulated micro-batches."""
-        return self.batch_size * runtime.state().size * self._optimizer().backward_passes_per_step
-
-    def _measure(self):
-        if self.signal == "noise_scale":
-            return self._optimizer().gradient_noise_scale.noise_scale()
-        if self._power_iteration is None:  # kept: it traces its tf.function once
-            self._power_iteration = HessianPowerIteration(self.model, self.loss_fn or self.model.loss)
-        x, y = self.curvature_data
-        return self._power_iteration(x, y, iterations=self.hessian_iterations,
-                                     tolerance=self.hessian_tolerance).eigenvalue
-
-    def _signal_says_grow(self, value, grown_batch):
-        if not math.isfinite(value):
-            return False
-        if self.signal == "noise_scale":
-            return grown_batch <= value
-        if self._reference_eigenvalue is None:
-            self._reference_eigenvalue = value
-            return False
-        return value <= self._reference_eigenvalue / 2
+        return self.batch_size * batch_multiple(self._optimizer().backward_passes_per_step)
 
     def on_epoch_end(self, epoch, logs=None):
         if (epoch + 1) % self.check_every_epochs:
@@ -149,36 +110,26 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         optimizer = self._optimizer()
         batch = self.effective_batch_size()
         grown_batch = batch * self.growth_factor
-        value = self._measure()
-        wants = self._signal_says_grow(value, grown_batch)
+        value = self._growth_signal.measure()
+        wants = math.isfinite(value) and self._growth_signal.wants_more_batch(value, grown_batch)
         overdue = (self.max_epochs_without_growth is not None
                    and self._checks_without_growth + 1 >= self.max_epochs_without_growth)
         capped = self.max_batch_size is not None and grown_batch > self.max_batch_size
         grow = ops.broadcast_object((wants or overdue) and not capped, root_rank=0)
         learning_rate = current_learning_rate(optimizer)
-        record = {"epoch": epoch, "batch_size": batch, "learning_rate": learning_rate,
-                  self._log_key(): value, "grew": grow}
-        self.history.append(record)
+        log_key = self._growth_signal.log_key
+        self.history.append({"epoch": epoch, "batch_size": batch, "learning_rate": learning_rate, log_key: value,
+                             "grew": grow})
         if logs is not None:
-            logs.update({"batch_size": batch, "learning_rate": learning_rate, self._log_key(): value})
+            logs.update({"batch_size": batch, "learning_rate": learning_rate, log_key: value})
         if grow:
-            self._grow(optimizer)
-            if self.signal == "curvature":
-                self._reference_eigenvalue = value
+            optimizer.set_backward_passes_per_step(optimizer.backward_passes_per_step * self.growth_factor,
+                                                   model=self.model)
+            set_learning_rate(optimizer, learning_rate * scaling_factor(self.growth_factor, self.lr_scaling))
+            self._growth_signal.batch_grew(value)
             self._checks_without_growth = 0
         else:
             self._checks_without_growth += 1
         if self.verbose and runtime.state().rank == 0:
             outcome = f"grew to {self.effective_batch_size()}" if grow else "kept"
-            print(f"AdaptiveBatchGrowth: epoch {epoch + 1}: {self._log_key()}={value:.4g}, batch {batch} {outcome}")
-
-    def _log_key(self):
-        return "noise_scale" if self.signal == "noise_scale" else "hessian_top_eigenvalue"
-
-    def _grow(self, optimizer):
-        needs_retrace = optimizer.backward_passes_per_step == 1
-        optimizer.backward_passes_per_step = optimizer.backward_passes_per_step * self.growth_factor
-        rate_factor = {"linear": self.growth_factor, "sqrt": math.sqrt(self.growth_factor), "none": 1.0}
-        set_learning_rate(optimizer, current_learning_rate(optimizer) * rate_factor[self.lr_scaling])
-        if needs_retrace:
-            self.model.make_train_function(force=True)
+            print(f"AdaptiveBatchGrowth: epoch {epoch + 1}: {log_key}={value:.4g}, batch {batch} {outcome}")

@@ -1,0 +1,20 @@
+"""Adaptive batch growth: grow the effective batch while training, from what the loss says.
+
+- `AdaptiveBatchGrowth` (also `kerasdist.callbacks.AdaptiveBatchGrowth`), the callback: at its
+  checks it asks a signal, multiplies k (`DistributedOptimizer.backward_passes_per_step`)
+  through `DistributedOptimizer.set_backward_passes_per_step`, and rescales the learning rate
+  (`kerasdist.learning_rate`).
+- `signals`: `GrowthSignal`, the interface the callback uses, and the two signals behind
+  `signal="noise_scale"` and `signal="curvature"`.
+- `noise_scale`: `GradientNoiseScale` (also `kerasdist.GradientNoiseScale`), the statistics the
+  optimizer gathers from every update.
+- `curvature`: the top Hessian eigenvalue by power iteration (also `kerasdist.curvature`).
+"""
+
+from kerasdist.batch_growth.callback import AdaptiveBatchGrowth
+from kerasdist.batch_growth.curvature import HessianEigenpair, HessianPowerIteration, top_hessian_eigenvalue
+from kerasdist.batch_growth.noise_scale import GradientNoiseScale
+from kerasdist.batch_growth.signals import CurvatureSignal, GrowthSignal, NoiseScaleSignal
+
+__all__ = ["AdaptiveBatchGrowth", "CurvatureSignal", "GradientNoiseScale", "GrowthSignal", "HessianEigenpair",
+           "HessianPowerIteration", "NoiseScaleSignal", "top_hessian_eigenvalue"]
