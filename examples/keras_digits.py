@@ -81,7 +81,9 @@ def main(_):
     # With a checkpoint directory, a rerun continues after the last saved epoch.
     callbacks = kerasdist.callbacks(warmup_epochs=WARMUP.value, checkpoint_dir=CHECKPOINT_DIR.value,  # kerasdist
                                     resume=CHECKPOINT_DIR.value is not None)
-    model.fit(train, epochs=EPOCHS.value, validation_data=(x_test, y_test), callbacks=callbacks, verbose=2)
+    # shuffle=False: the dataset shuffles itself (per rank, above); Keras warns that it ignores shuffle=True.
+    model.fit(train, epochs=EPOCHS.value, validation_data=(x_test, y_test), callbacks=callbacks, shuffle=False,
+              verbose=2)
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)  # exact over every rank's part
     test_images = sum(kerasdist.allgather_object(len(y_test)))  # kerasdist: every rank calls collectives
     if kerasdist.rank() == 0:  # kerasdist
