@@ -1,7 +1,8 @@
 """``kerasdist-run``: start a training script as N ranks through the MPI kerasdist was built with.
 
 Turns the engine's knobs into flags, spells hosts, host files and variables the way the chosen
-mpiexec expects, and passes mpiexec's exit status (and Ctrl-C / SIGTERM) through. Imports
+mpiexec expects, and passes mpiexec's exit status (and Ctrl-C / SIGTERM) through. It shows
+TensorFlow's start-up notices, which every rank prints alike, once (``output``). Imports
 neither TensorFlow nor MPI, so it starts at once.
 """
 import argparse
@@ -13,14 +14,17 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 from kerasdist import knobs, runtime
-from kerasdist.run import mpi
+from kerasdist.run import mpi, output
 
 PROG = "kerasdist-run"
 BUILD_INFO_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build_info.json")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 USAGE_ERROR = 2  # what argparse exits with
+# A rank that outlives mpiexec may hold its stderr open; the launcher waits this long for the rest.
+STDERR_DRAIN_TIMEOUT_S = 5
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,7 +104,8 @@ def make_parser():
         prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs command as NP kerasdist ranks with the mpiexec kerasdist was built with.\n"
                     "KERASDIST_MPIEXEC=/path/to/mpiexec overrides that choice, and\n"
-                    "KERASDIST_MPI_FLAVOUR=mpich|intel|openmpi what its --version output says.",
+                    "KERASDIST_MPI_FLAVOUR=mpich|intel|openmpi what its --version output says.\n\n"
+                    "TensorFlow's start-up notices, alike on every rank, are shown once.",
         epilog="example:\n  kerasdist-run -np 4 -H node1:2,node2:2 --fusion-threshold-mb 32 python train.py")
     parser.add_argument("-np", "-n", dest="num_processes", type=_positive_int, metavar="NP",
                         help="number of processes (ranks) to start; required")
@@ -182,14 +187,16 @@ def check_build(environ, run_version=mpi.run_version_query):
     return 0 if library and build_info else 1
 
 
-def run_forwarding_signals(argv):
+def run_forwarding_signals(argv, copy_stderr=None):
     """Runs ``argv``, forwarding SIGINT and SIGTERM to it; returns a shell-style exit status.
 
     128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
     then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
-    otherwise the child's own status.
+    otherwise the child's own status. With ``copy_stderr`` (a function of a file descriptor),
+    the child's stderr is a pipe that a thread hands to it; otherwise the launcher's own.
     """
     child = None
+    copier = None
     received = []
 
     def forward(signum, _frame):
@@ -200,13 +207,18 @@ def run_forwarding_signals(argv):
     # Handlers go in before the child starts so that no signal falls between the two.
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
     try:
-        child = subprocess.Popen(argv)
+        child = subprocess.Popen(argv, stderr=subprocess.PIPE if copy_stderr else None)
+        if copy_stderr:
+            copier = threading.Thread(target=copy_stderr, args=(child.stderr.fileno(),), daemon=True)
+            copier.start()
         for signum in received:
             child.send_signal(signum)
         returncode = child.wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if copier is not None:
+        copier.join(STDERR_DRAIN_TIMEOUT_S)
     if received:
         return 128 + received[0]
     if returncode < 0:
@@ -252,8 +264,10 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
         return 0
     if args.verbose:
         print(shlex.join(launch), file=sys.stderr, flush=True)
+    stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
+    copy_stderr = (lambda fd: output.copy_showing_startup_notices_once(fd, stderr)) if stderr else None
     try:
-        return run_forwarding_signals(launch)
+        return run_forwarding_signals(launch, copy_stderr)
     except OSError as error:
         print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
         return 127
