@@ -3,8 +3,8 @@
 The default data are scikit-learn's bundled 8x8 digits (1,797 real scans, no download). The
 lines marked `# kerasdist` are all that differ from a single-process script:
 
-    kerasdist-run -np 2 python examples/keras_digits.py
-    python examples/keras_digits.py                      # one process, same script
+    .venv/bin/kerasdist-run -np 2 examples/keras_digits.py   # each rank runs it under the launcher's Python
+    .venv/bin/python examples/keras_digits.py                # one process, same script
 
 `--tfds_name mnist --data_dir DIR` trains on a TensorFlow Datasets set already prepared in DIR
 (nothing is downloaded; `tensorflow-datasets` must be installed).
