@@ -2,9 +2,15 @@
 
 Every rank prints the same notices while ``import tensorflow`` loads its libraries, and some of
 them even at ``TF_CPP_MIN_LOG_LEVEL=3``: absl writes every message logged before
-``absl::InitializeLog()`` to stderr, and TensorFlow logs its oneDNN notice then (once per copy
-of its framework library, so twice per rank). The launcher drops a notice it has already passed
+``absl::InitializeLog()`` to stderr, and TensorFlow logs its oneDNN notice then (TensorFlow
+2.21 even twice per rank). The launcher drops a notice it has already passed
 on; every other byte, errors included, goes through unchanged and in order.
+
+Under your own mpiexec, srun or a site wrapper nothing filters, and kerasdist cannot help from
+inside a rank: a script imports TensorFlow, which prints the notices, before kerasdist runs, and
+only redirecting the rank's stderr would hide them, along with its errors. There,
+``TF_CPP_MIN_LOG_LEVEL=2`` removes the CPU-feature notice and TensorFlow's later C++ INFO and
+WARNING lines (on every rank alike), but not the absl and oneDNN ones.
 """
 import os
 import re
