@@ -100,7 +100,10 @@ class BuildOpLibrary(build_ext):
         rpaths = []
         for lib_dir in mpi_lib_dirs + [tf_lib_dir]:
             rpaths += ["$ORIGIN/" + os.path.relpath(lib_dir, out_dir), os.path.abspath(lib_dir)]
-        ext.extra_compile_args = ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-deprecated-declarations"] + tf.sysconfig.get_compile_flags() + mpi_compile
+        # -Wno-interference-size: Eigen (in TensorFlow's headers) uses
+        # std::hardware_destructive_interference_size, and GCC 12 warns about that on every include.
+        ext.extra_compile_args = ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-deprecated-declarations",
+                                  "-Wno-interference-size"] + tf.sysconfig.get_compile_flags() + mpi_compile
         ext.extra_link_args = tf.sysconfig.get_link_flags() + mpi_link + [f"-Wl,-rpath,{p}" for p in rpaths]
         # Python's own CFLAGS (e.g. -DNDEBUG -g -fwrapv) are harmless; its C++ std flag is ours.
         super().build_extension(ext)

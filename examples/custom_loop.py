@@ -3,7 +3,7 @@
 For code that writes its own `tf.function` train step instead of calling `model.fit`. The
 model is an MLP on scikit-learn's bundled digits; every rank trains on its own shard.
 
-    kerasdist-run -np 2 python examples/custom_loop.py
+    .venv/bin/kerasdist-run -np 2 examples/custom_loop.py   # each rank runs it under the launcher's Python
 """
 from absl import app, flags
 

@@ -5,8 +5,8 @@ Keras 3 layers in place of `tf.layers`. `train_and_evaluate` trains on every ran
 averaged across ranks), checkpoints from rank 0, and evaluates on every rank's shard of the test
 set, combining the metrics exactly. The data are scikit-learn's bundled 8x8 digits (no download).
 
-    kerasdist-run -np 2 python examples/estimator_digits.py
-    python examples/estimator_digits.py                       # one process, same script
+    .venv/bin/kerasdist-run -np 2 examples/estimator_digits.py   # each rank runs it under the launcher's Python
+    .venv/bin/python examples/estimator_digits.py                # one process, same script
 
 Run it again with the same --model_dir and a larger --max_steps to continue from the newest
 checkpoint.

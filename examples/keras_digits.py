@@ -3,8 +3,8 @@
 The default data are scikit-learn's bundled 8x8 digits (1,797 real scans, no download). The
 lines marked `# kerasdist` are all that differ from a single-process script:
 
-    kerasdist-run -np 2 python examples/keras_digits.py
-    python examples/keras_digits.py                      # one process, same script
+    .venv/bin/kerasdist-run -np 2 examples/keras_digits.py   # each rank runs it under the launcher's Python
+    .venv/bin/python examples/keras_digits.py                # one process, same script
 
 `--tfds_name mnist --data_dir DIR` trains on a TensorFlow Datasets set already prepared in DIR
 (nothing is downloaded; `tensorflow-datasets` must be installed).
@@ -81,7 +81,9 @@ def main(_):
     # With a checkpoint directory, a rerun continues after the last saved epoch.
     callbacks = kerasdist.callbacks(warmup_epochs=WARMUP.value, checkpoint_dir=CHECKPOINT_DIR.value,  # kerasdist
                                     resume=CHECKPOINT_DIR.value is not None)
-    model.fit(train, epochs=EPOCHS.value, validation_data=(x_test, y_test), callbacks=callbacks, verbose=2)
+    # shuffle=False: the dataset shuffles itself (per rank, above); Keras warns that it ignores shuffle=True.
+    model.fit(train, epochs=EPOCHS.value, validation_data=(x_test, y_test), callbacks=callbacks, shuffle=False,
+              verbose=2)
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)  # exact over every rank's part
     test_images = sum(kerasdist.allgather_object(len(y_test)))  # kerasdist: every rank calls collectives
     if kerasdist.rank() == 0:  # kerasdist

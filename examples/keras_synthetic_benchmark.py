@@ -9,8 +9,8 @@ median over iterations, per rank and in total (the slowest rank's time sets the 
 line `RESULT {json}` (with the step time and the CPU time per step) for scripts such as
 `benchmarks/keras_scaling.py`.
 
-    mpiexec -n 2 python examples/keras_synthetic_benchmark.py --model=cifar_resnet20
-    python examples/keras_synthetic_benchmark.py --nouse_kerasdist   # plain Keras, the baseline
+    .venv/bin/kerasdist-run -np 2 examples/keras_synthetic_benchmark.py --model=cifar_resnet20
+    .venv/bin/python examples/keras_synthetic_benchmark.py --nouse_kerasdist   # plain Keras, the baseline
 
 With `--nouse_kerasdist` the script is plain Keras (of kerasdist it imports only the model
 definitions, which are plain Keras too: no runtime, no ops, no MPI): the baseline against which

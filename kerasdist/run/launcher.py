@@ -1,8 +1,10 @@
 """``kerasdist-run``: start a training script as N ranks through the MPI kerasdist was built with.
 
 Turns the engine's knobs into flags, spells hosts, host files and variables the way the chosen
-mpiexec expects, and passes mpiexec's exit status (and Ctrl-C / SIGTERM) through. Imports
-neither TensorFlow nor MPI, so it starts at once.
+mpiexec expects, and passes mpiexec's exit status (and Ctrl-C / SIGTERM) through. Before it
+starts the ranks it checks that the Python they would run finds kerasdist and what kerasdist
+needs, and it shows TensorFlow's start-up notices, which every rank prints alike, once
+(``output``). Imports neither TensorFlow nor MPI, so it starts at once.
 """
 import argparse
 import json
@@ -13,14 +15,22 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 
 from kerasdist import knobs, runtime
-from kerasdist.run import mpi
+from kerasdist.run import mpi, output
 
 PROG = "kerasdist-run"
 BUILD_INFO_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build_info.json")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 USAGE_ERROR = 2  # what argparse exits with
+# Checking the ranks' interpreter starts it once; a site's wrapper script may take a moment.
+INTERPRETER_CHECK_TIMEOUT_S = 30
+# A rank that outlives mpiexec may hold its stderr open; the launcher waits this long for the rest.
+STDERR_DRAIN_TIMEOUT_S = 5
+_PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
+# What a rank imports: kerasdist and its install_requires.
+RANK_MODULES = ("kerasdist", "tensorflow", "keras", "mpi4py")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,8 +110,17 @@ def make_parser():
         prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs command as NP kerasdist ranks with the mpiexec kerasdist was built with.\n"
                     "KERASDIST_MPIEXEC=/path/to/mpiexec overrides that choice, and\n"
-                    "KERASDIST_MPI_FLAVOUR=mpich|intel|openmpi what its --version output says.",
-        epilog="example:\n  kerasdist-run -np 4 -H node1:2,node2:2 --fusion-threshold-mb 32 python train.py")
+                    "KERASDIST_MPI_FLAVOUR=mpich|intel|openmpi what its --version output says.\n\n"
+                    "Every rank runs command as written: name the Python kerasdist is installed in\n"
+                    "(a bare `python` is whichever comes first on PATH), or start command with a .py\n"
+                    "script, which then runs under kerasdist-run's own Python (at the same path on\n"
+                    f"every host):\n  {sys.executable}\n"
+                    "Without -H or --hostfile, a Python that cannot import kerasdist is refused before\n"
+                    "any rank starts. TensorFlow's start-up notices, alike on every rank, are shown once.",
+        epilog="examples:\n"
+               "  kerasdist-run -np 2 train.py                 # train.py under this Python\n"
+               f"  kerasdist-run -np 2 {sys.executable} train.py\n"
+               "  kerasdist-run -np 4 -H node1:2,node2:2 --fusion-threshold-mb 32 /path/to/venv/bin/python train.py")
     parser.add_argument("-np", "-n", dest="num_processes", type=_positive_int, metavar="NP",
                         help="number of processes (ranks) to start; required")
     where = parser.add_mutually_exclusive_group()
@@ -128,7 +147,8 @@ def make_parser():
     parser.add_argument("--check-build", action="store_true",
                         help="print how the op library was built and which mpiexec would run, then exit")
     parser.add_argument("command", nargs=argparse.REMAINDER, metavar="command ...",
-                        help="the program every rank runs, with its arguments")
+                        help="the program every rank runs, with its arguments; a .py script first runs "
+                             "under this Python")
     return parser
 
 
@@ -182,14 +202,16 @@ def check_build(environ, run_version=mpi.run_version_query):
     return 0 if library and build_info else 1
 
 
-def run_forwarding_signals(argv):
+def run_forwarding_signals(argv, copy_stderr=None):
     """Runs ``argv``, forwarding SIGINT and SIGTERM to it; returns a shell-style exit status.
 
     128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
     then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
-    otherwise the child's own status.
+    otherwise the child's own status. With ``copy_stderr`` (a function of a file descriptor),
+    the child's stderr is a pipe that a thread hands to it; otherwise the launcher's own.
     """
     child = None
+    copier = None
     received = []
 
     def forward(signum, _frame):
@@ -200,18 +222,71 @@ def run_forwarding_signals(argv):
     # Handlers go in before the child starts so that no signal falls between the two.
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
     try:
-        child = subprocess.Popen(argv)
+        child = subprocess.Popen(argv, stderr=subprocess.PIPE if copy_stderr else None)
+        if copy_stderr:
+            copier = threading.Thread(target=copy_stderr, args=(child.stderr.fileno(),), daemon=True)
+            copier.start()
         for signum in received:
             child.send_signal(signum)
         returncode = child.wait()
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+    if copier is not None:
+        copier.join(STDERR_DRAIN_TIMEOUT_S)
     if received:
         return 128 + received[0]
     if returncode < 0:
         return 128 - returncode
     return returncode
+
+
+def is_python(program):
+    """True when ``program`` (a name or a path) is named like a Python interpreter: python,
+    python3, python3.11."""
+    return bool(_PYTHON_NAME.fullmatch(os.path.basename(program)))
+
+
+def interpreter_problem(command, environ):
+    """Why the Python interpreter that starts ``command`` cannot run kerasdist on this host, or None.
+
+    Starts it once, in the environment the ranks get and with the ``sys.path[0]`` a rank gets
+    (the script's directory; the current one for ``-c``, ``-m`` or an option), and asks it to
+    find kerasdist and the packages kerasdist needs, without importing them. An interpreter that
+    does not answer in time, or cannot be started here, gets the benefit of the doubt: the ranks
+    will report what is wrong.
+    """
+    program, script = command[0], (command[1:] or [""])[0]
+    found = shutil.which(program, path=environ.get("PATH"))
+    if found is None:
+        return f"{program}, which is not an executable file or a command on PATH"
+    first_path = os.path.dirname(os.path.abspath(script)) if os.path.isfile(script) else ""
+    find_modules = (f"import importlib.util, sys; sys.path[0] = {first_path!r}; "
+                    f"missing = [m for m in {RANK_MODULES!r} if importlib.util.find_spec(m) is None]; "
+                    "sys.exit(f'ModuleNotFoundError: No module named {missing[0]!r}' if missing else 0)")
+    try:
+        finished = subprocess.run([found, "-c", find_modules], env=environ, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
+                                  timeout=INTERPRETER_CHECK_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if finished.returncode == 0:
+        return None
+    last_line = (finished.stderr.strip().splitlines() or [f"exit status {finished.returncode}"])[-1]
+    where = "the first on PATH" if os.sep not in program else "as given"
+    return f"{program}, which is {found} ({where}) and cannot run kerasdist: {last_line}"
+
+
+def _what_to_run_instead(argv, given_command, environ):
+    """After ``given_command``'s Python failed the check: the launcher's own Python when that
+    one can run it, as the whole command line to type."""
+    if given_command[0] != sys.executable and is_python(given_command[0]) and not interpreter_problem(
+            [sys.executable, *given_command[1:]], environ):
+        program_at = len(argv) - len(given_command)
+        instead = [PROG, *argv[:program_at], sys.executable, *argv[program_at + 1:]]
+        return f"{PROG} itself runs in {sys.executable}, which can; run:\n  {shlex.join(instead)}"
+    return (f"{PROG}'s own Python ({sys.executable}) cannot run it: install kerasdist and its requirements "
+            f"({', '.join(RANK_MODULES[1:])}) into the Python you name, or name one that has them")
 
 
 def main(argv=None, environ=None, run_version=mpi.run_version_query):
@@ -220,6 +295,7 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     ``environ`` and ``run_version`` (mpiexec path -> its ``--version`` output) are for tests.
     """
     environ = os.environ if environ is None else environ
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = make_parser()
     args = parser.parse_args(argv)
     if args.check_build:
@@ -228,7 +304,10 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     if args.num_processes is None:
         parser.error("argument -np/-n is required: the number of processes to start")
     if not command:
-        parser.error(f"no command to run: put it after the options, e.g. {PROG} -np 2 python train.py")
+        parser.error(f"no command to run: put it after the options, e.g. {PROG} -np 2 train.py")
+    given_command = command
+    if command[0].endswith(".py") and os.path.isfile(command[0]):
+        command = [sys.executable, *command]
 
     environment = rank_environment(args, environ)
     try:
@@ -250,10 +329,19 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     if args.dry_run:
         print(shlex.join(launch))
         return 0
+    # On other hosts the program may be another Python than here; only a local job is checked.
+    if is_python(command[0]) and not (args.hosts or args.hostfile):
+        problem = interpreter_problem(command, environ)
+        if problem:
+            instead = _what_to_run_instead(argv, given_command, environ)
+            print(f"{PROG}: error: every rank would run {problem}\n{instead}", file=sys.stderr)
+            return USAGE_ERROR
     if args.verbose:
         print(shlex.join(launch), file=sys.stderr, flush=True)
+    stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
+    copy_stderr = (lambda fd: output.copy_showing_startup_notices_once(fd, stderr)) if stderr else None
     try:
-        return run_forwarding_signals(launch)
+        return run_forwarding_signals(launch, copy_stderr)
     except OSError as error:
         print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
         return 127
