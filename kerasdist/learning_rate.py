@@ -27,9 +27,11 @@ def scaling_factor(batch_factor, scaling):
     "linear" gives `batch_factor`, "sqrt" its square root, "none" 1.
 
     Example:
-        >>> from kerasdist.learning_rate import scaling_factor
-        >>> scaling_factor(4, "linear"), scaling_factor(4, "sqrt"), scaling_factor(4, "none")
-        (4, 2.0, 1.0)
+
+    ```python
+    from kerasdist.learning_rate import scaling_factor
+    print(scaling_factor(4, "linear"), scaling_factor(4, "sqrt"), scaling_factor(4, "none"))  # 4 2.0 1.0
+    ```
     """
     check_scaling(scaling)
     return {"linear": batch_factor, "sqrt": math.sqrt(batch_factor), "none": 1.0}[scaling]
@@ -41,10 +43,13 @@ def batch_multiple(backward_passes_per_step=1):
     `backward_passes_per_step` may be a tensor (the micro-batches of a window, in a train step).
 
     Example:
-        >>> import kerasdist
-        >>> from kerasdist.learning_rate import batch_multiple
-        >>> batch_multiple(4) == 4 * kerasdist.size()
-        True
+
+    ```python
+    import kerasdist
+    from kerasdist.learning_rate import batch_multiple
+    kerasdist.init()
+    print(batch_multiple(4) == 4 * kerasdist.size())  # True
+    ```
     """
     return runtime.state().size * backward_passes_per_step
 

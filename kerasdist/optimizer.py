@@ -153,13 +153,16 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         name: defaults to `"distributed_" + optimizer.name`.
 
     Example:
-        >>> import keras, kerasdist
-        >>> kerasdist.init()
-        >>> optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
-        >>> model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-        >>> model.compile(optimizer=optimizer, loss="mse")
-        >>> round(float(optimizer.learning_rate.numpy()), 6)  # the inner optimizer's (float32)
-        0.01
+
+    ```python
+    import keras, kerasdist
+    kerasdist.init()
+    optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01, momentum=0.9))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer=optimizer, loss="mse")
+    # the inner optimizer's rate, a float32
+    print(round(float(optimizer.learning_rate.numpy()), 6))  # 0.01
+    ```
 
     Saved `.keras` files name the class `"kerasdist>DistributedOptimizer"`: with kerasdist
     imported, `keras.saving.load_model(path)` restores it; without kerasdist, load the model with
@@ -213,11 +216,14 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 (it expresses tr(Σ) and B_noise in samples).
 
         Example:
-            >>> import keras, kerasdist
-            >>> optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
-            >>> statistics = optimizer.gradient_statistics(batch_size=32)
-            >>> statistics is optimizer.gradient_noise_scale, statistics.batch_size
-            (True, 32)
+
+        ```python
+        import keras, kerasdist
+        kerasdist.init()
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+        statistics = optimizer.gradient_statistics(batch_size=32)
+        print(statistics is optimizer.gradient_noise_scale, statistics.batch_size)  # True 32
+        ```
         """
         if self.gradient_noise_scale is None:
             self.attach_gradient_noise_scale(GradientNoiseScale())
@@ -490,12 +496,16 @@ class DistributedGradientTape:
         sparse_as_dense: reduce `IndexedSlices` gradients as dense tensors.
 
     Example:
-        >>> import tensorflow as tf, kerasdist
-        >>> w = tf.Variable(2.0)
-        >>> with kerasdist.DistributedGradientTape(tf.GradientTape()) as tape:
-        ...     loss = w * w
-        >>> float(tape.gradient(loss, w))  # the same on every rank: d(w²)/dw averaged
-        4.0
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    w = tf.Variable(2.0)
+    with kerasdist.DistributedGradientTape(tf.GradientTape()) as tape:
+        loss = w * w
+    # the same on every rank: d(w²)/dw averaged
+    print(float(tape.gradient(loss, w)))  # 4.0
+    ```
     """
 
     def __init__(self, tape, op=ops.Average, compression=ops.Compression.none, sparse_as_dense=False):

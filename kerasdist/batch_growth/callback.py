@@ -57,12 +57,24 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         verbose: print each decision on rank 0.
 
     Example:
-        ```python
-        growth = kerasdist.callbacks.AdaptiveBatchGrowth(signal="noise_scale", batch_size=32,
-                                                         max_batch_size=1024)
-        model.fit(dataset, epochs=30, callbacks=kerasdist.callbacks(extra=[growth]))
-        print(growth.history)
-        ```
+
+    ```python
+    import keras, kerasdist, numpy as np
+    kerasdist.init()
+    x = np.random.default_rng(kerasdist.rank()).normal(size=(256, 8)).astype("float32")
+    y = x.sum(axis=1, keepdims=True)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01), backward_passes_per_step=2),
+                  loss="mse")
+    # Always grow after a check without growth, so the example shows one growth step.
+    growth = kerasdist.callbacks.AdaptiveBatchGrowth(batch_size=16, max_epochs_without_growth=0,
+                                                     max_batch_size=64 * kerasdist.size())
+    model.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=kerasdist.callbacks(extra=[growth]))
+    print([record["grew"] for record in growth.history])  # [True, False]
+    # 16 per rank x ranks x k, where k grew from 2 to 4
+    print(growth.history[-1]["batch_size"] == 64 * kerasdist.size())  # True
+    print(model.optimizer.backward_passes_per_step)  # 4
+    ```
     """
 
     def __init__(self, signal="noise_scale", batch_size=None, growth_factor=2, max_batch_size=None,

@@ -33,11 +33,15 @@ class GradientNoiseScale:
         ema_decay: decay of the two moving averages. Defaults to 0.95.
 
     Example:
-        >>> import keras, kerasdist
-        >>> noise = kerasdist.GradientNoiseScale(batch_size=32)
-        >>> optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
-        ...                                            gradient_noise_scale=noise)
-        >>> # after some training: noise.noise_scale() is B_noise in samples
+
+    ```python
+    import keras, kerasdist
+    kerasdist.init()
+    noise = kerasdist.GradientNoiseScale(batch_size=32)
+    optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2,
+                                               gradient_noise_scale=noise)
+    # after some training: noise.noise_scale() is B_noise in samples
+    ```
     """
 
     def __init__(self, batch_size=None, ema_decay=0.95):

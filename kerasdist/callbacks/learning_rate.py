@@ -83,14 +83,17 @@ class LearningRateWarmup(_LearningRateCallback):
         verbose: print the rate at the end of warmup (rank 0).
 
     Example:
-        >>> import keras, kerasdist, numpy as np
-        >>> model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-        >>> model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
-        >>> warmup = kerasdist.callbacks.LearningRateWarmup(warmup_epochs=1)
-        >>> history = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, epochs=2,
-        ...                     callbacks=[warmup], verbose=0)
-        >>> round(history.history["learning_rate"][-1], 6) == round(0.01 * kerasdist.size(), 6)
-        True
+
+    ```python
+    import keras, kerasdist, numpy as np
+    kerasdist.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    warmup = kerasdist.callbacks.LearningRateWarmup(warmup_epochs=1)
+    history = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, epochs=2,
+                        callbacks=[warmup], verbose=0)
+    print(round(history.history["learning_rate"][-1], 6) == round(0.01 * kerasdist.size(), 6))  # True
+    ```
     """
 
     def __init__(self, warmup_epochs=5, scaling="linear", initial_lr=None, steps_per_epoch=None,

@@ -34,10 +34,14 @@ def startup_notice_key(line):
     notices, without the parts that differ between ranks; None for any other line.
 
     Example:
-        >>> startup_notice_key(b"I0000 00:00:1796111508.473692    5579 port.cc:153] oneDNN custom operations are on.")
-        b'port.cc:153] oneDNN custom operations are on.'
-        >>> startup_notice_key(b"E0000 00:00:1796111508.473692    5579 port.cc:153] out of memory") is None
-        True
+
+    ```python
+    from kerasdist.run.output import startup_notice_key
+    notice = b"I0000 00:00:1796111508.473692    5579 port.cc:153] oneDNN custom operations are on."
+    print(startup_notice_key(notice))  # b'port.cc:153] oneDNN custom operations are on.'
+    error = b"E0000 00:00:1796111508.473692    5579 port.cc:153] out of memory"
+    print(startup_notice_key(error))  # None
+    ```
     """
     match = _STARTUP_NOTICE.fullmatch(line.rstrip(b"\r"))
     if match is None:
