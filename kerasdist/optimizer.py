@@ -9,9 +9,8 @@ import sys
 
 import keras
 import tensorflow as tf
-from keras.src.utils import tracking
 
-from kerasdist import ops, runtime
+from kerasdist import _compat, ops, runtime
 from kerasdist.batch_growth.noise_scale import GradientNoiseScale
 from kerasdist.learning_rate import batch_multiple
 
@@ -239,7 +238,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     def compression(self):
         return _COMPRESSIONS[self._compression_name]
 
-    @tracking.no_automatic_dependency_tracking
+    @_compat.no_automatic_dependency_tracking
     def build(self, var_list):
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
@@ -253,7 +252,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self._initial_backward_passes > 1:
             self._create_accumulators()
 
-    @tracking.no_automatic_dependency_tracking
+    @_compat.no_automatic_dependency_tracking
     def _create_accumulators(self):
         self._accumulators = [self.add_variable_from_reference(v, name="gradient_sum")
                               for v in self._trainable_variables]

@@ -15,9 +15,8 @@ import dataclasses
 import keras
 import numpy as np
 import tensorflow as tf
-from keras.src.losses.losses import LossFunctionWrapper
 
-from kerasdist import ops, runtime
+from kerasdist import _compat, ops, runtime
 
 
 @dataclasses.dataclass(frozen=True)
@@ -227,7 +226,7 @@ def _mean_loss(loss_fn):
     if not isinstance(loss, keras.losses.Loss):
         if not callable(loss):
             raise ValueError(f"loss_fn={loss_fn!r}; expected a keras.losses.Loss, a loss name or a function")
-        loss = LossFunctionWrapper(loss)  # what model.compile does with a function
+        loss = _compat.LossFunctionWrapper(loss)  # what model.compile does with a function
     if loss.reduction not in ("sum_over_batch_size", "mean"):
         raise ValueError(f"loss_fn has reduction={loss.reduction!r}; the shards are weighted by their example "
                          "counts, which needs the mean over examples: build the loss with "
