@@ -6,8 +6,15 @@ lines marked `# kerasdist` are all that differ from a single-process script:
     .venv/bin/kerasdist-run -np 2 examples/keras_digits.py   # each rank runs it under the launcher's Python
     .venv/bin/python examples/keras_digits.py                # one process, same script
 
-`--tfds_name mnist --data_dir DIR` trains on a TensorFlow Datasets set already prepared in DIR
-(nothing is downloaded; `tensorflow-datasets` must be installed).
+`--tfds_name NAME --data_dir DIR` trains on the train split of a TensorFlow Datasets set already
+prepared in DIR and tests on its test split; each rank reads its own files of both
+(`kerasdist.data.tfds_load`). Nothing is downloaded: prepare the set where there is network
+(`tfds.builder("mnist", data_dir=DIR).download_and_prepare()`) and copy DIR. A prepared set
+loads by name from DIR without its builder code, so these digits, written as a TFDS set by the
+tests' builder, train offline:
+
+    python tests/tfds_digits.py --data_dir=/tmp/tfds
+    kerasdist-run -np 2 python examples/keras_digits.py --tfds_name=kerasdist_digits --data_dir=/tmp/tfds
 """
 import sys
 
@@ -43,37 +50,41 @@ def bundled_digits(seed):
     return (x_train, y_train), (x_test, y_test)
 
 
-def prepared_tfds(name, data_dir):
+def prepared_tfds(name, data_dir, seed):
+    """This rank's batched, shuffled share of the train split, and its share of the test split."""
     if data_dir is None:
         sys.exit(f"--tfds_name={name} needs --data_dir: this example never downloads. Prepare the data "
                  "set where the machine has network access (tfds.builder(name, data_dir=DIR)."
                  "download_and_prepare()) and pass --data_dir=DIR.")
-    try:
-        import tensorflow_datasets as tfds
-    except ImportError:
-        sys.exit("--tfds_name needs the tensorflow-datasets package: pip install tensorflow-datasets")
-    splits = tfds.load(name, data_dir=data_dir, download=False, as_supervised=True, batch_size=-1,
-                       split=["train", "test"])
-    return [(tfds.as_numpy(x).astype("float32") / 255.0, tfds.as_numpy(y)) for x, y in splits]
+
+    def scaled(image, label):
+        return tf.cast(image, tf.float32) / 255.0, label
+
+    train = kerasdist.data.tfds_load(name, "train", data_dir, batch_size=BATCH.value, shuffle_files=True,  # kerasdist
+                                     seed=seed, as_supervised=True)
+    train = (train.map(scaled).shuffle(int(train.cardinality()), seed=kerasdist.data.seed_for_rank(seed))  # kerasdist
+             .batch(BATCH.value))
+    test = kerasdist.data.tfds_load(name, "test", data_dir, as_supervised=True).map(scaled)  # kerasdist
+    x_test, y_test = test.batch(int(test.cardinality())).get_single_element()
+    return train, (x_test.numpy(), y_test.numpy())
 
 
 def main(_):
     kerasdist.init()  # kerasdist
-    if TFDS_NAME.value:
-        (x_train, y_train), (x_test, y_test) = prepared_tfds(TFDS_NAME.value, DATA_DIR.value)
-    else:
-        (x_train, y_train), (x_test, y_test) = bundled_digits(SEED.value)
-
     # Each rank trains on its own shard, shuffled with its own seed, and evaluates on its own
     # part of the test set; the metrics are combined exactly.
-    x_train, y_train = kerasdist.data.shard((x_train, y_train), batch_size=BATCH.value)  # kerasdist
-    x_test, y_test = kerasdist.data.shard((x_test, y_test))  # kerasdist
-    train = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-             .shuffle(len(x_train), seed=kerasdist.data.seed_for_rank(SEED.value))  # kerasdist
-             .batch(BATCH.value))
+    if TFDS_NAME.value:
+        train, (x_test, y_test) = prepared_tfds(TFDS_NAME.value, DATA_DIR.value, SEED.value)
+    else:
+        (x_train, y_train), (x_test, y_test) = bundled_digits(SEED.value)
+        x_train, y_train = kerasdist.data.shard((x_train, y_train), batch_size=BATCH.value)  # kerasdist
+        x_test, y_test = kerasdist.data.shard((x_test, y_test))  # kerasdist
+        train = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
+                 .shuffle(len(x_train), seed=kerasdist.data.seed_for_rank(SEED.value))  # kerasdist
+                 .batch(BATCH.value))
 
     keras.utils.set_random_seed(SEED.value)
-    model = small_cnn(input_shape=x_train.shape[1:], num_classes=10)
+    model = small_cnn(input_shape=x_test.shape[1:], num_classes=10)
     optimizer = keras.optimizers.SGD(LR.value, momentum=0.9)
     optimizer = kerasdist.DistributedOptimizer(optimizer)  # kerasdist
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])

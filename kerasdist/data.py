@@ -5,10 +5,15 @@ gradients, so a rank with one extra batch waits for partners that never come. Sh
 unequal size are fine (1797 examples on 2 ranks are 899 + 898) as long as they batch into
 the same number of steps; `shard(..., batch_size=...)` and `check_equal_steps` check that
 and fail on every rank with the counts and the fixes instead of hanging.
+
+A TensorFlow Datasets split is loaded per rank with `tfds_load`: each rank reads its own
+record files, as TFDS intends for several input pipelines, and every rank gets the same
+number of steps. Nothing is downloaded: the data set must already be prepared in `data_dir`.
 """
 
 import math
 import operator
+import os
 
 import keras
 import tensorflow as tf
@@ -238,3 +243,137 @@ def set_random_seed_for_rank(base_seed):
     seed = seed_for_rank(base_seed)
     keras.utils.set_random_seed(seed)
     return seed
+
+
+def tfds_load(name, split, data_dir, *, batch_size=None, drop_remainder=False, shuffle_files=False, seed=0,
+              as_supervised=False, decoders=None):
+    """This rank's share of the TensorFlow Datasets split `split` of `name`, prepared in `data_dir`.
+
+    A collective: every rank calls it with the same arguments. Nothing is downloaded: the data
+    set must already be prepared in `data_dir` (`tfds.builder(name, data_dir=...)
+    .download_and_prepare()` on a machine with network access; a data set written there loads
+    by name even when its builder code is not importable).
+
+    How the split is divided depends on its record files (`info.splits[split].num_shards`):
+
+    * When their number is a multiple of the number of ranks, each rank reads whole files, as
+      TFDS does for several input pipelines (`tfds.ReadConfig(input_context=...)`): rank `r`
+      reads files `r, r + size, ...`. Files differ by at most one example, so the ranks' counts
+      differ by at most one per file read.
+    * Otherwise TFDS's own file sharding would give some ranks a whole file more than others
+      (or, with fewer files than ranks, refuse with "Cannot shard the pipeline"), so each rank
+      reads its 1/size of the examples instead (`tfds.even_splits`; counts differ by at most
+      one), skipping to its first example in a shared file. The same happens when whole files
+      would give the ranks different numbers of batches of `batch_size`.
+
+    Every rank then runs the same number of steps under the rule of `shard`: with
+    `drop_remainder`, each rank keeps as many examples as the smallest share; with
+    `batch_size`, `check_equal_steps` raises on every rank if the batch counts differ. The
+    returned dataset's cardinality is this rank's example count (TFDS leaves it unknown when
+    it shards by file), so `Model.fit` knows the epoch's length.
+
+    Unknown names, missing directories and splits, and data sets not prepared in `data_dir`
+    raise `ValueError` on every rank, also when only some ranks cannot read the data.
+
+    Args:
+        name: The TFDS name, optionally with config and version (`"mnist"`, `"mnist:3.0.1"`).
+        split: A split or sub-split (`"train"`, `"train[:90%]"`).
+        data_dir: The directory the data set is prepared in.
+        batch_size: The per-rank batch size the examples will be batched with (keeping the
+            last partial batch); when given, the ranks' step counts are checked as in `shard`.
+        drop_remainder: Whether every rank keeps only as many examples as the smallest share.
+        shuffle_files: Whether each rank reads its files in a shuffled order, reshuffled every
+            epoch. Examples are not shuffled: shuffle them after loading, with
+            `seed_for_rank`.
+        seed: Int, the same on every rank: the file order is shuffled with
+            `seed_for_rank(seed)`, different on every rank and the same from run to run.
+        as_supervised: Whether elements are `(input, label)` tuples (the data set's
+            `supervised_keys`) instead of feature dicts.
+        decoders: Passed to `tfds.core.DatasetBuilder.as_dataset` (custom feature decoding).
+
+    Returns:
+        A `tf.data.Dataset` of this rank's examples, unbatched.
+
+    Raises:
+        ValueError: On every rank, if some rank cannot load the split, or (with `batch_size`)
+            the ranks would run different numbers of steps.
+
+    Example (needs the data set prepared in the directory):
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    train = kerasdist.data.tfds_load("mnist", "train", "/data/tensorflow_datasets", batch_size=64,
+                                     shuffle_files=True, as_supervised=True)
+    train = train.shuffle(10_000, seed=kerasdist.data.seed_for_rank(0)).batch(64)
+    ```
+    """
+    rank, size = _rank_and_size()
+    try:
+        dataset, examples_per_rank = _tfds_rank_dataset(name, split, data_dir, rank, size, shuffle_files, seed,
+                                                        as_supervised, decoders, batch_size, drop_remainder)
+        failure = None
+    except Exception as error:  # gathered below, so that every rank raises and none waits
+        dataset, failure = None, error
+    _raise_on_every_rank_if_any_failed(failure, f"kerasdist.data.tfds_load({name!r}, {split!r}, "
+                                                f"data_dir={os.fspath(data_dir)!r})")
+    rank_examples = examples_per_rank[rank]
+    if drop_remainder:
+        rank_examples = min(examples_per_rank)
+        dataset = dataset.take(rank_examples)
+    if batch_size is not None:
+        check_equal_steps(steps_per_epoch(rank_examples, batch_size), what=f"batches of {batch_size} per epoch")
+    return dataset
+
+
+def _tfds_rank_dataset(name, split, data_dir, rank, size, shuffle_files, seed, as_supervised, decoders,
+                       batch_size, drop_remainder):
+    """This rank's dataset and the number of examples of every rank."""
+    try:
+        import tensorflow_datasets as tfds  # optional: only this function needs it
+    except ImportError as error:
+        raise ImportError("tensorflow-datasets is not installed: pip install tensorflow-datasets") from error
+    if not os.path.isdir(data_dir):
+        raise ValueError(f"data_dir {os.fspath(data_dir)!r} is not a directory")
+    try:
+        builder = tfds.builder(name, data_dir=os.fspath(data_dir), try_gcs=False)
+    except tfds.core.registered.DatasetNotFoundError as error:
+        # TFDS appends every data set it knows by code; the first line is the news.
+        raise ValueError(f"{str(error).splitlines()[0]} It is neither prepared in data_dir nor "
+                         f"importable as a TFDS builder.") from None
+    if not builder.is_prepared():
+        raise ValueError(f"{name!r} is not prepared in data_dir (nothing is downloaded here): prepare it with "
+                         f"tfds.builder({name!r}, data_dir=...).download_and_prepare() and copy it there")
+    files = builder.info.splits[split].file_instructions  # raises ValueError for an unknown split
+    # TFDS deals the files out as Dataset.shard does: rank r reads files r, r + size, ...
+    examples_per_rank = [sum(file.take for file in files[r::size]) for r in range(size)]
+    by_whole_files = len(files) >= size and len(files) % size == 0
+    if by_whole_files and batch_size is not None and not drop_remainder:
+        # A few examples more on one rank can be one batch more; shares by example cannot be.
+        by_whole_files = len({steps_per_epoch(examples, batch_size) for examples in examples_per_rank}) == 1
+    if by_whole_files:
+        rank_split = split
+        input_context = tf.distribute.InputContext(num_input_pipelines=size, input_pipeline_id=rank)
+    else:
+        rank_splits = tfds.even_splits(split, n=size)
+        rank_split, input_context = rank_splits[rank], None
+        examples_per_rank = [builder.info.splits[part].num_examples for part in rank_splits]
+    read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=seed_for_rank(seed))
+    dataset = builder.as_dataset(split=rank_split, shuffle_files=shuffle_files, read_config=read_config,
+                                 as_supervised=as_supervised, decoders=decoders)
+    return dataset.apply(tf.data.experimental.assert_cardinality(examples_per_rank[rank])), examples_per_rank
+
+
+def _raise_on_every_rank_if_any_failed(failure, what):
+    """A collective: raises on every rank when `failure` (an exception or None) is set on any."""
+    failures = ops.allgather_object(None if failure is None else f"{type(failure).__name__}: {failure}")
+    if not any(failures):
+        return
+    ranks_by_failure = {}
+    for rank, message in enumerate(failures):
+        if message is not None:
+            ranks_by_failure.setdefault(message, []).append(rank)
+    listing = "; ".join(f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
+                        for message, ranks in ranks_by_failure.items())
+    raise ValueError(f"{what} failed {listing}") from failure

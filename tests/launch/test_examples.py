@@ -2,6 +2,7 @@
 results. examples/keras_digits.py is the main job (`make demo`)."""
 
 import json
+import os
 import re
 import sys
 
@@ -10,13 +11,22 @@ import pytest
 from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT, child_env, run_job
 
 pytestmark = LAUNCH_TEST_MARKS
+OFFLINE_SITE = REPO_ROOT / "tests" / "launch" / "offline"
+ATTEMPT_MARKER = "NETWORK ACCESS ATTEMPTED"  # printed by offline/sitecustomize.py
 EXAMPLE_TIMEOUT_S = 240
 
 
-def launch(example, *flags, n=2, tmp_path):
+def launch(example, *flags, n=2, tmp_path, env=None):
     argv = [sys.executable, "-m", "kerasdist.run", "-np", str(n), sys.executable,
             REPO_ROOT / "examples" / example, *flags]
-    return run_job(argv, tmp_path, child_env(), timeout=EXAMPLE_TIMEOUT_S, script_name=example)
+    return run_job(argv, tmp_path, env or child_env(), timeout=EXAMPLE_TIMEOUT_S, script_name=example)
+
+
+def offline_env():
+    """A child environment whose Python processes refuse network access and say so (see offline/)."""
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(OFFLINE_SITE), env["PYTHONPATH"]])
+    return env
 
 
 def test_keras_digits_reaches_95_percent_printed_once(tmp_path):
@@ -40,6 +50,23 @@ def test_keras_digits_resumes_from_its_checkpoint(tmp_path):
 def test_keras_digits_never_downloads(tmp_path):
     job = launch("keras_digits.py", "--tfds_name=mnist", n=1, tmp_path=tmp_path)
     assert job.returncode != 0 and "needs --data_dir" in job.output, job.describe()
+
+
+def test_keras_digits_trains_on_a_tfds_set_prepared_offline(tmp_path):
+    # As the example's docstring tells a user: prepare the digits as a TFDS set, then train on it
+    # by name; the example never imports the builder.
+    data_dir = tmp_path / "tensorflow_datasets"
+    prepared = run_job([sys.executable, REPO_ROOT / "tests" / "tfds_digits.py", f"--data_dir={data_dir}"],
+                       tmp_path, offline_env(), timeout=EXAMPLE_TIMEOUT_S, script_name="tfds_digits.py")
+    assert prepared.returncode == 0 and "train 1347 examples in 6 files" in prepared.output, prepared.describe()
+    job = launch("keras_digits.py", "--tfds_name=kerasdist_digits", f"--data_dir={data_dir}", "--epochs=10",
+                 tmp_path=tmp_path, env=offline_env())
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    results = re.findall(r"^2 process\(es\): test accuracy ([0-9.]+), .* on 450 held-out images$", job.output,
+                         re.MULTILINE)
+    assert len(results) == 1 and float(results[0]) >= 0.93, job.describe()
+    for output in (prepared.output, job.output):
+        assert ATTEMPT_MARKER not in output, "something tried to reach the network" + job.describe()
 
 
 def test_custom_loop_trains(tmp_path):
