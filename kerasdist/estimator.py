@@ -36,7 +36,7 @@ import tensorflow as tf
 from tensorflow.core.framework import summary_pb2
 
 from kerasdist import data, ops, runtime
-from kerasdist.callbacks.checkpoint import on_root_for_every_rank
+from kerasdist.coordination import on_root_for_every_rank
 from kerasdist.optimizer import DistributedOptimizer
 
 __all__ = ["EstimatorSpec", "Estimator", "EvalSpec", "InputContext", "ModeKeys", "RunConfig", "TrainSpec",
