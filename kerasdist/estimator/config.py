@@ -23,7 +23,7 @@ class RunConfig:
     Args:
         model_dir: Directory for checkpoints, summaries and (by default) exports. Only rank 0
             reads or writes it; the other ranks never touch it. `None`: the `Estimator`'s
-            `model_dir`, or else a new temporary directory.
+            `model_dir`, or else a new temporary directory, deleted when the program exits.
         save_summary_steps: Write the training loss (averaged over ranks) to TensorBoard every
             this many steps. `None` writes none.
         save_checkpoints_steps: Save a checkpoint every this many steps.

@@ -1,9 +1,11 @@
 """`Estimator` and `train_and_evaluate`: the training loop, evaluation, prediction and export."""
 
+import atexit
 import itertools
 import logging
 import math
 import os
+import shutil
 import tempfile
 import time
 import warnings
@@ -17,7 +19,7 @@ from kerasdist.estimator.config import ROOT_RANK, EvalSpec, RunConfig, TrainSpec
 from kerasdist.estimator.graph import _ModeGraph
 from kerasdist.estimator.inputs import (InputContext, _accepted_arguments, _batches_every_rank_has,
                                         _features_and_labels, _together)
-from kerasdist.estimator.rank0 import _Rank0Saver, _ScalarWriters
+from kerasdist.estimator.rank0 import _Rank0Saver, _ScalarWriters, _without_tensorflow_info
 from kerasdist.estimator.spec import EstimatorSpec, ModeKeys
 
 _logger = logging.getLogger(__package__)  # "kerasdist.estimator", as RunConfig documents
@@ -62,15 +64,13 @@ class Estimator:
     Args:
         model_fn: Builds the model and returns an `EstimatorSpec` (see above).
         model_dir: Where rank 0 writes checkpoints and summaries; on other ranks it is unused.
-            `None`: the config's, or a new temporary directory.
+            `None`: the config's, or a new temporary directory, deleted when the program exits.
         config: A `RunConfig`.
         params: A dict handed to `model_fn` and `input_fn` as `params`.
 
     Example:
 
     ```python
-    import tempfile
-
     import keras
     import numpy as np
     import tensorflow as tf
@@ -93,7 +93,7 @@ class Estimator:
     def input_fn(params):  # sharded across ranks automatically
         return tf.data.Dataset.from_tensor_slices((x, y)).batch(params["batch_size"])
 
-    classifier = estimator.Estimator(model_fn, model_dir=tempfile.mkdtemp(), params={"batch_size": 32})
+    classifier = estimator.Estimator(model_fn, params={"batch_size": 32})  # a temporary model_dir
     classifier.train(lambda params: input_fn(params).repeat(), steps=100)
     print(classifier.evaluate(input_fn))  # {'loss': ..., 'accuracy': ..., 'global_step': 100}
     first = next(classifier.predict(input_fn))  # {'class': ...}
@@ -121,7 +121,9 @@ class Estimator:
         self._is_root = world.rank == ROOT_RANK
         if model_dir is None and self._is_root:
             model_dir = tempfile.mkdtemp(prefix="kerasdist_estimator_")
-            _logger.warning("Using a temporary folder as model directory: %s", model_dir)
+            # No one else knows this directory, so it is not left behind.
+            atexit.register(shutil.rmtree, model_dir, ignore_errors=True)
+            _logger.info("Using a temporary model directory, deleted at exit: %s", model_dir)
         self._config = config.replace(model_dir=model_dir)
         self._model_fn = model_fn
         self._params = dict(params or {})
@@ -398,10 +400,11 @@ class Estimator:
         loaded = self._load_on_root(graph, checkpoint_path)
         if loaded is None:
             raise ValueError(f"export_model: no checkpoint in {self.model_dir!r}; train first or pass checkpoint_path")
-        if path.endswith(".keras"):
-            graph.spec.model.save(path)
-        else:
-            graph.spec.model.export(path, verbose=False)
+        with _without_tensorflow_info():
+            if path.endswith(".keras"):
+                graph.spec.model.save(path)
+            else:
+                graph.spec.model.export(path, verbose=False)
         _logger.info("Exported %s (global step %d) to %s", loaded, int(graph.global_step.numpy()), path)
 
     # Summaries (rank 0)

@@ -1,5 +1,6 @@
 """What rank 0 writes to model_dir: checkpoints by step count or by its clock, and scalar summaries."""
 
+import contextlib
 import logging
 import time
 
@@ -35,7 +36,8 @@ class _Rank0Saver:
                or (self._every_secs is not None and time.monotonic() - self._last_time >= self._every_secs))
         if not due:
             return
-        path = self._manager.save(checkpoint_number=step)
+        with _without_tensorflow_info():
+            path = self._manager.save(checkpoint_number=step)
         self._last_step, self._last_time = step, time.monotonic()
         _logger.info("Saved checkpoint for step %d: %s", step, path)
 
@@ -57,3 +59,22 @@ class _ScalarWriters:
                 tf.summary.write(name, tf.constant(value, tf.float32), metadata=_SCALAR_SUMMARY)
         writer.flush()
 
+
+class _WarningsOnly(logging.Filter):
+    def filter(self, record):
+        return record.levelno >= logging.WARNING
+
+
+@contextlib.contextmanager
+def _without_tensorflow_info():
+    """Drops TensorFlow's INFO records meanwhile, logged through absl or its own logger: every
+    checkpoint save logs "Sharding callback duration", a SavedModel export five more lines, none
+    of which tells a user anything."""
+    loggers, quiet = [logging.getLogger("absl"), tf.get_logger()], _WarningsOnly()
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
