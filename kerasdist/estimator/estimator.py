@@ -438,13 +438,30 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
     Example:
 
     ```python
+    import keras
+    import numpy as np
+    import tensorflow as tf
     from kerasdist import estimator
 
-    # model_fn, train_input_fn and eval_input_fn as for Estimator.
+    x = np.random.default_rng(0).normal(size=(256, 4)).astype("float32")
+    y = (x[:, 0] > 0).astype("int64")
+
+    def model_fn(features, labels, mode):
+        model = keras.Sequential([keras.layers.Dense(2)])
+        loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, model(features), from_logits=True))
+        return estimator.EstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1), model=model)
+
+    def train_input_fn():
+        return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(32)
+
+    def eval_input_fn():
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+
     classifier = estimator.Estimator(model_fn, config=estimator.RunConfig(save_checkpoints_steps=100))
     metrics = estimator.train_and_evaluate(classifier,
-                                           estimator.TrainSpec(train_input_fn, max_steps=500),
-                                           estimator.EvalSpec(eval_input_fn))
+                                           estimator.TrainSpec(train_input_fn, max_steps=200),
+                                           estimator.EvalSpec(eval_input_fn))  # evaluates at steps 100 and 200
+    print(metrics["global_step"])  # 200
     ```
     """
     if not isinstance(estimator, Estimator):
