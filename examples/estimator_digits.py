@@ -12,6 +12,7 @@ Run it again with the same --model_dir and a larger --max_steps to continue from
 checkpoint.
 """
 import itertools
+import logging
 
 from absl import app, flags
 
@@ -21,8 +22,8 @@ import tensorflow as tf
 import kerasdist
 from kerasdist import estimator
 
-MODEL_DIR = flags.DEFINE_string("model_dir", None, "Where rank 0 keeps checkpoints and summaries (default: a new "
-                                "temporary directory).")
+MODEL_DIR = flags.DEFINE_string("model_dir", None, "Where rank 0 keeps checkpoints and summaries (default: a "
+                                "temporary directory, deleted at exit).")
 HIDDEN_UNITS = flags.DEFINE_list("hidden_units", ["128", "64"], "Sizes of the hidden layers.")
 LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.003, "Adam's learning rate.")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Per-rank batch size.")
@@ -60,8 +61,20 @@ def model_fn(features, labels, mode, params):
                                    eval_metrics={"accuracy": accuracy}, model=model)
 
 
+def print_estimator_progress():
+    """Rank 0's Estimator reports (checkpoints, evaluations, the loss) as plain lines, without the
+    header absl's log handler would give every record."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    progress = logging.getLogger("kerasdist.estimator")
+    progress.addHandler(handler)
+    progress.setLevel(logging.INFO)
+    progress.propagate = False
+
+
 def main(_):
     kerasdist.init()
+    print_estimator_progress()
     (x_train, y_train), (x_test, y_test) = digits_split(SEED.value)
 
     def train_input_fn(params, input_context):

@@ -2,8 +2,7 @@
 
 import keras
 
-from kerasdist import data, runtime
-from kerasdist.callbacks import training_state
+from kerasdist import data, runtime, training_state
 
 
 class BroadcastGlobalState(keras.callbacks.Callback):

@@ -1,6 +1,5 @@
 """Checkpoints that one rank writes atomically, and resuming training from them."""
 
-import builtins
 import collections
 import json
 import os
@@ -13,8 +12,8 @@ import tensorflow as tf
 from keras.src.callbacks.monitor_callback import MonitorCallback
 from keras.src.utils import io_utils
 
-from kerasdist import ops, runtime
-from kerasdist.callbacks import training_state
+from kerasdist import runtime, training_state
+from kerasdist.coordination import on_root_for_every_rank
 
 # Names Rank0Checkpoint owns in its directory.
 STATE_FILENAME = "checkpoint_state.json"  # {"latest": file name, "kept": file names, oldest first}
@@ -345,37 +344,6 @@ def _read_record(path):
         raise ValueError(f"{path} is not a checkpoint record written by Rank0Checkpoint ({reason}); restore it, "
                          "or delete it to start afresh")
     return record
-
-
-def on_root_for_every_rank(function, root_rank, name=None):
-    """Runs `function` on `root_rank` only; every rank returns its result, or raises its error.
-    `name` names the collective that shares the outcome (as for `kerasdist.broadcast_object`)."""
-    result, failure = None, None
-    if runtime.state().rank == root_rank:
-        try:
-            result = function()
-        except Exception as error:  # noqa: BLE001 - handed to every rank, then raised
-            failure = error
-    shared = ops.broadcast_object(
-        (result, None if failure is None else (type(failure).__name__, str(failure))), root_rank, name=name)
-    if failure is not None:
-        raise failure
-    result, failure_text = shared
-    if failure_text is not None:
-        raise _same_kind_of_error(*failure_text, root_rank)
-    return result
-
-
-def _same_kind_of_error(kind_name, message, root_rank):
-    """The root's error for another rank: the same built-in type where possible, else RuntimeError."""
-    message = f"{message} (raised on rank {root_rank})"
-    kind = getattr(builtins, kind_name, None)
-    if isinstance(kind, type) and issubclass(kind, Exception):
-        try:
-            return kind(message)
-        except TypeError:  # a type that takes other arguments (UnicodeDecodeError)
-            pass
-    return RuntimeError(f"{kind_name}: {message}")
 
 
 def _fsync_file(path):

@@ -3,31 +3,18 @@
 import keras
 import tensorflow as tf
 
-from kerasdist import ops, runtime
-from kerasdist.callbacks import training_state
+from kerasdist import runtime, training_state
+from kerasdist.coordination import metric_states_summed_over_ranks
 
 
 def global_metrics_result(model, local_result):
-    """`model.get_metrics_result()` as if one process had seen every rank's batches.
-
-    Keras metrics keep additive state (a Mean keeps total and count; Precision keeps true and
-    false positives; AUC keeps per-threshold counts), so the sum of each state variable over
-    ranks is the state one process would have had. The summed values are swapped in to compute
-    the result, then this rank's own state is put back. Works for every metric whose state
-    variables add up across batches, which includes all of Keras's built-ins.
+    """`model.get_metrics_result()` as if one process had seen every rank's batches: computed
+    with the metrics' state summed over ranks (see `metric_states_summed_over_ranks`), after
+    which this rank's own state is put back. Works for every metric whose state variables add
+    up across batches, which includes all of Keras's built-ins.
     """
-    variables = [v for metric in model.metrics for v in metric.variables]
-    if not variables:
+    with metric_states_summed_over_ranks(model.metrics):
         return local_result()
-    own_values = [tf.identity(v.value) for v in variables]
-    summed = ops.grouped_allreduce(own_values, op=ops.Sum, name=None)
-    try:
-        for variable, total in zip(variables, summed):
-            variable.assign(total)
-        return local_result()
-    finally:
-        for variable, own in zip(variables, own_values):
-            variable.assign(own)
 
 
 class MetricAverage(keras.callbacks.Callback):

@@ -22,7 +22,7 @@ import kerasdist as kd
 from kerasdist import ops, runtime
 from kerasdist.callbacks import checkpoint as checkpoint_module
 from kerasdist.callbacks.checkpoint import PARTIAL_PREFIX, STATE_FILENAME, Rank0Checkpoint
-from kerasdist.callbacks.training_state import build_optimizer
+from kerasdist.training_state import build_optimizer
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()

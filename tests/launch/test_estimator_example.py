@@ -1,5 +1,6 @@
 """examples/estimator_digits.py as users run it: 2 processes through the launcher."""
 
+import os
 import re
 import sys
 
@@ -8,12 +9,18 @@ from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT, child_env, run_job
 pytestmark = LAUNCH_TEST_MARKS
 EXAMPLE = "estimator_digits.py"
 EXAMPLE_TIMEOUT_S = 240
+# The header absl gives a log record: severity (INFO, WARNING, ERROR, FATAL), date, time, thread,
+# file:line.
+ABSL_RECORD = re.compile(r"^[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\] ")
+# TensorFlow's C++ prints this when it is imported, before TF_CPP_MIN_LOG_LEVEL applies; only
+# TF_ENABLE_ONEDNN_OPTS=0, which changes the numerics, silences it. Not ours to hide.
+TENSORFLOW_IMPORT_NOTICE = "port.cc:153] oneDNN custom operations are on"
 
 
-def launch(*flags, tmp_path):
+def launch(*flags, tmp_path, **env):
     argv = [sys.executable, "-m", "kerasdist.run", "-np", "2", sys.executable, REPO_ROOT / "examples" / EXAMPLE,
             *flags]
-    return run_job(argv, tmp_path, child_env(), timeout=EXAMPLE_TIMEOUT_S, script_name=EXAMPLE)
+    return run_job(argv, tmp_path, child_env(**env), timeout=EXAMPLE_TIMEOUT_S, script_name=EXAMPLE)
 
 
 def test_estimator_digits_reaches_90_percent_then_resumes(tmp_path):
@@ -33,3 +40,25 @@ def test_estimator_digits_reaches_90_percent_then_resumes(tmp_path):
         again.describe()
     assert re.search(r"^2 process\(es\): accuracy [0-9.]+, loss [0-9.]+ at global step 700 ", again.output,
                      re.MULTILINE), again.describe()
+
+
+def test_estimator_digits_first_run_prints_only_rank_0s_lines_and_leaves_no_files(tmp_path):
+    job_tmp = tmp_path / "tmp"  # the job's own TMPDIR: nothing else writes there meanwhile
+    job_tmp.mkdir()
+    before = sorted(os.listdir(job_tmp))
+    job = launch("--max_steps=20", "--eval_every=10", tmp_path=tmp_path, TMPDIR=job_tmp)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+
+    lines = job.output.splitlines()
+    absl_records = [line for line in lines if ABSL_RECORD.match(line) and TENSORFLOW_IMPORT_NOTICE not in line]
+    assert not absl_records, "absl log records in the output:\n" + "\n".join(absl_records) + job.describe()
+    assert not [line for line in lines if line.startswith("INFO:") or "Warning:" in line], job.describe()
+    assert len([line for line in lines if line.startswith("2 process(es): accuracy")]) == 1, \
+        "expected one result line, from rank 0 only" + job.describe()
+    assert len([line for line in lines if line.startswith("first 10 test digits:")]) == 1, job.describe()
+
+    # Without --model_dir the Estimator trained in a temporary directory under TMPDIR ...
+    used = re.findall(r"^Using a temporary model directory, deleted at exit: (\S+)$", job.output, re.MULTILINE)
+    assert len(used) == 1 and os.path.dirname(used[0]) == str(job_tmp), job.describe()
+    # ... and it is gone.
+    assert sorted(os.listdir(job_tmp)) == before, f"left behind in TMPDIR: {os.listdir(job_tmp)}" + job.describe()

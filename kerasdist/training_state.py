@@ -1,4 +1,6 @@
-"""The state every rank must share: model variables and optimizer variables."""
+"""The state every rank must share: model variables and optimizer variables.
+
+Used by the callbacks (broadcast, checkpoint resume) and by the Estimator."""
 
 import warnings
 
@@ -16,13 +18,18 @@ def build_optimizer(model):
     return optimizer.built
 
 
-def training_state_variables(model):
-    """Model variables and optimizer variables, in the same order on every rank.
+def model_state_variables(model):
+    """The model's variables that every rank must share, in the same order on every rank.
 
     Random-seed states (`SeedGenerator`, used by dropout) stay per rank: ranks should draw
     different dropout masks, as different samples of one large batch would.
     """
-    variables = [v for v in model.variables if not v.path.endswith("seed_generator_state")]
+    return [v for v in model.variables if not v.path.endswith("seed_generator_state")]
+
+
+def training_state_variables(model):
+    """`model_state_variables(model)`, then the variables of the model's optimizer (if built)."""
+    variables = model_state_variables(model)
     optimizer = getattr(model, "optimizer", None)
     if optimizer is not None and optimizer.built:
         variables += list(optimizer.variables)
