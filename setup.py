@@ -60,7 +60,8 @@ def mpi_flags():
 
 def launcher_mpi_module():
     """kerasdist/run/mpi.py, loaded by path: the package is not importable while it is built."""
-    spec = importlib.util.spec_from_file_location("_kerasdist_run_mpi", os.path.join(HERE, "kerasdist", "run", "mpi.py"))
+    path = os.path.join(HERE, "kerasdist", "run", "mpi.py")
+    spec = importlib.util.spec_from_file_location("_kerasdist_run_mpi", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

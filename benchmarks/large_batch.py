@@ -352,7 +352,7 @@ def save_plot(results, args, path):
         return False
     epochs = np.arange(1, args.epochs + 1)
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for method, r in results.items():
+    for r in results.values():
         test = np.array([run["curves"]["test_acc"] for run in r["runs"]])
         loss = np.array([[np.nan if v is None else v for v in run["curves"]["train_loss"]]
                          for run in r["runs"]])

@@ -122,7 +122,8 @@ def main():
         print(f"\nfits (µs): fast - raw = {a:.0f} + {b:.0f}·log2 P;  slow - fast = {c:.0f} + {d:.1f}·P;  "
               f"raw = {e:.0f} + {f:.0f}·log2 P")
         for ranks in (1024, 4096):
-            print(f"  at {ranks} ranks: fast-path overhead {a + b * math.log2(ranks):.0f} µs per cycle; slow-path extra "
+            print(f"  at {ranks} ranks: fast-path overhead {a + b * math.log2(ranks):.0f} µs per cycle; "
+                  "slow-path extra "
                   f"{(c + d * ranks) / 1e3:.1f} ms per cycle that has first-seen requests")
     path = pathlib.Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -143,7 +143,8 @@ def bench_allreduce(cluster):
         fused_json, unfused_json = pathlib.Path(scratch, "fused.json"), pathlib.Path(scratch, "unfused.json")
         common = [sys.executable, RANK_BENCH, "--repeats", str(ARGS.repeats)]
         print(cluster.launch([*common, "--json", fused_json]), flush=True)
-        print(cluster.launch([*common, "--only", "many", "--json", unfused_json], extra_flags=["--fusion-threshold-mb", "0"]),
+        print(cluster.launch([*common, "--only", "many", "--json", unfused_json],
+                             extra_flags=["--fusion-threshold-mb", "0"]),
               flush=True)
         fused, unfused = json.loads(fused_json.read_text()), json.loads(unfused_json.read_text())
     fused["many_unfused"] = unfused["many"]
@@ -269,7 +270,8 @@ def print_allreduce_tables(label, gbits, results):
         print(f"| {name} | {fused['seconds'][name] * 1e3:.1f} |")
     print(f"| kerasdist grouped, fused (default threshold) | {fused['seconds']['grouped'] * 1e3:.1f} |")
     print(f"| kerasdist grouped, unfused (threshold 0) | {unfused['seconds']['grouped'] * 1e3:.1f} |")
-    print(f"| **fused speed-up** (unfused / fused) | **{unfused['seconds']['grouped'] / fused['seconds']['grouped']:.2f}×** |")
+    speedup = unfused["seconds"]["grouped"] / fused["seconds"]["grouped"]
+    print(f"| **fused speed-up** (unfused / fused) | **{speedup:.2f}×** |")
     print("\n| size | link limit | raw MPI float32 | none | fp16 | bf16 | fp16 speed-up | bf16 speed-up |")
     print("|---|---|---|---|---|---|---|---|")
     for row in results["compression"]:
@@ -320,7 +322,7 @@ def print_overlap_table(runs, links):
     print("|---|---|---|---|---|---|---|---|---|")
     for model in ARGS.models:
         for label, _ in links:
-            def step(configuration, key="step_ms"):
+            def step(configuration, key="step_ms", model=model, label=label):
                 values = [r[key] for r in runs if r["model"] == model and r["link"] == label
                           and r.get("configuration") == configuration and r.get(key) is not None]
                 return statistics.median(values) if values else float("nan")

@@ -17,6 +17,8 @@ import inspect
 import io
 import pkgutil
 import re
+import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -103,8 +105,22 @@ def test_every_example_is_a_python_block_not_a_doctest():
 
 
 
+@pytest.fixture(scope="module")
+def shared_working_directory():
+    """One fresh directory every rank works in, as a user's job shares its directory: examples
+    write files (checkpoints) relative to it, and none may land in the checkout."""
+    kerasdist.init()
+    created = tempfile.mkdtemp(prefix="kerasdist_examples_") if kerasdist.rank() == 0 else None
+    directory = kerasdist.broadcast_object(created, root_rank=0)
+    yield directory
+    kerasdist.barrier()
+    if created:
+        shutil.rmtree(created)
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_example_runs_and_prints_what_its_comments_say(name):
+def test_example_runs_and_prints_what_its_comments_say(name, shared_working_directory, monkeypatch):
+    monkeypatch.chdir(shared_working_directory)
     keras.backend.clear_session()  # fresh layer names ("sequential", "dense"), as in a new process
     namespace = {"__check_printed__": _check_printed, "__check_shape__": _check_shape}
     exec(compile(_instrumented(EXAMPLES[name]), f"<{name} example>", "exec"), namespace)

@@ -139,7 +139,7 @@ class HessianPowerIteration:
         try:
             vector = _random_unit_vector(variables, seed)
             previous = None
-            for iteration in range(1, iterations + 1):
+            for iteration in range(1, iterations + 1):  # noqa: B007 (returned: the iterations run)
                 rayleigh_quotient, vector = power_step(x, y, sample_weight, vector)
                 eigenvalue = float(rayleigh_quotient)
                 converged = previous is not None and abs(eigenvalue - previous) <= tolerance * abs(eigenvalue)

@@ -9,10 +9,8 @@ import zipfile
 import zlib
 
 import tensorflow as tf
-from keras.src.callbacks.monitor_callback import MonitorCallback
-from keras.src.utils import io_utils
 
-from kerasdist import runtime, training_state
+from kerasdist import _compat, runtime, training_state
 from kerasdist.coordination import on_root_for_every_rank
 
 # Names Rank0Checkpoint owns in its directory.
@@ -26,7 +24,7 @@ was saved (`epoch`, the `initial_epoch` to continue from), and the `best` value 
 seen by then (`None` unless it was saved with `save_best_only=True`)."""
 
 
-class Rank0Checkpoint(MonitorCallback):
+class Rank0Checkpoint(_compat.MonitorCallback):
     """Saves the model at the end of epochs from one rank, atomically, and resumes from it.
 
     Only `root_rank` writes (the other ranks never touch `directory`, not even to create it), and
@@ -201,14 +199,13 @@ class Rank0Checkpoint(MonitorCallback):
         on_root_for_every_rank(lambda: self.model.load_weights(path), self.root_rank)
         training_state.broadcast_training_state(self.model, self.root_rank)
         if self._is_root and self.verbose > 0:
-            io_utils.print_msg(f"Rank0Checkpoint: resumed from {path} after epoch {self.initial_epoch}")
-        # fit() reads this after on_train_begin (Keras's BackupAndRestore resumes the same way).
-        self.model._initial_epoch = self.initial_epoch
+            _compat.print_msg(f"Rank0Checkpoint: resumed from {path} after epoch {self.initial_epoch}")
+        _compat.set_initial_epoch(self.model, self.initial_epoch)
         self._set_initial_epoch = True
 
     def on_train_end(self, logs=None):
         if self._set_initial_epoch:  # a later fit() starts where its caller says
-            self.model._initial_epoch = None
+            _compat.set_initial_epoch(self.model, None)
             self._set_initial_epoch = False
 
     def on_epoch_end(self, epoch, logs=None):
@@ -224,7 +221,7 @@ class Rank0Checkpoint(MonitorCallback):
     def _should_save(self, epoch, logs, name):
         if not self.save_best_only:
             if self.verbose > 0:
-                io_utils.print_msg(f"\nEpoch {epoch + 1}: saving model to {name}")
+                _compat.print_msg(f"\nEpoch {epoch + 1}: saving model to {name}")
             return True
         current = logs.get(self.monitor)
         if current is None:
@@ -234,10 +231,10 @@ class Rank0Checkpoint(MonitorCallback):
         best_text = "None" if self.best is None else f"{self.best:.5f}"
         if not self._is_improvement(current, self.best):
             if self.verbose > 0:
-                io_utils.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} did not improve from {best_text}")
+                _compat.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} did not improve from {best_text}")
             return False
         if self.verbose > 0:
-            io_utils.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} improved from {best_text} to "
+            _compat.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} improved from {best_text} to "
                                f"{float(current):.5f}, saving model to {name}")
         self.best = float(current)
         return True

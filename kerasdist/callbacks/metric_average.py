@@ -1,9 +1,8 @@
 """Exact global metrics: combine the metrics' sums and counts across ranks."""
 
 import keras
-import tensorflow as tf
 
-from kerasdist import runtime, training_state
+from kerasdist import _compat, runtime, training_state
 from kerasdist.coordination import metric_states_summed_over_ranks
 
 
@@ -50,12 +49,5 @@ class MetricAverage(keras.callbacks.Callback):
         training_state.turn_off_xla(model)
         if runtime.state().size == 1 or getattr(model, "_kerasdist_global_metrics", False):
             return
-        local_result = model.get_metrics_result
-
-        def get_metrics_result():
-            if not tf.executing_eagerly():  # inside a train/test step: per-batch, stays local
-                return local_result()
-            return global_metrics_result(model, local_result)
-
-        model.get_metrics_result = get_metrics_result
+        _compat.replace_metrics_result(model, lambda local_result: global_metrics_result(model, local_result))
         model._kerasdist_global_metrics = True

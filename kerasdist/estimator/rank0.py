@@ -5,16 +5,16 @@ import logging
 import time
 
 import tensorflow as tf
-from tensorflow.core.framework import summary_pb2
+
+from kerasdist import _compat
 
 _logger = logging.getLogger(__package__)  # "kerasdist.estimator", as RunConfig documents
 
 CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model.ckpt-<global step>, as with tf.estimator
 # tf.summary.scalar needs the tensorboard package, which TensorFlow 2.21 no longer installs;
 # tf.summary.write with this metadata writes the same record TensorBoard's scalars read.
-_SCALAR_SUMMARY = summary_pb2.SummaryMetadata(
-    plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
-    data_class=summary_pb2.DATA_CLASS_SCALAR)
+_SCALAR_SUMMARY = _compat.SummaryMetadata(
+    plugin_data=_compat.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=_compat.DATA_CLASS_SCALAR)
 
 
 class _Rank0Saver:

@@ -194,7 +194,7 @@ def build_command(mpiexec, flavour, num_processes, command, hosts=None, hostfile
     from kerasdist.run.mpi import OPEN_MPI, build_command
     command = build_command("/usr/bin/mpirun", OPEN_MPI, 2, ["python", "train.py"],
                             hosts="a:1,b:1", environment={"KERASDIST_LOG_LEVEL": "info"})
-    print(command)  # ['/usr/bin/mpirun', '-np', '2', '-H', 'a:1,b:1', '-x', 'KERASDIST_LOG_LEVEL=info', 'python', 'train.py']
+    print(" ".join(command))  # /usr/bin/mpirun -np 2 -H a:1,b:1 -x KERASDIST_LOG_LEVEL=info python train.py
     ```
     """
     argv = [mpiexec, "-np", str(num_processes)]

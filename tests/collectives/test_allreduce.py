@@ -272,7 +272,7 @@ def test_independent_collectives_of_every_kind_in_one_tf_function():
 
     outs = mixed()
     for i in range(n_each):
-        value = lambda r: float((r + 1) * (i + 1))  # noqa: E731
+        value = lambda r, i=i: float((r + 1) * (i + 1))  # noqa: E731
         sum_all = sum(value(r) for r in range(SIZE))
         allreduce, allgather, broadcast, reducescatter, alltoall = outs[5 * i:5 * i + 5]
         np.testing.assert_array_equal(allreduce.numpy(), np.full((SIZE * 2, 3), sum_all))

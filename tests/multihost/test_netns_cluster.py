@@ -41,7 +41,7 @@ def test_hosts_have_their_own_names_addresses_and_a_clean_environment(two_hosts)
 
 def test_hosts_reach_each_other_by_name(two_hosts):
     first, second = two_hosts.hosts[:2]
-    probe = ("import socket; s = socket.create_connection(('%s', 9), timeout=5)" % second)
+    probe = f"import socket; s = socket.create_connection(('{second}', 9), timeout=5)"
     reached = two_hosts.on_host(first, f"python3 -c \"{probe}\" 2>&1 || true")
     # Nothing listens on port 9 there: "refused" proves the name resolved and the host answered.
     assert "Connection refused" in reached.stdout, reached.stdout + reached.stderr

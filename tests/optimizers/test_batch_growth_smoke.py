@@ -23,8 +23,9 @@ def quick_run(tmp_path_factory):
     # The child must not think it is one rank of this (single) MPI job.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    # timeout: a hang bound (below the per-test limit), not a speed limit
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--out_dir", str(out_dir)],
-                          capture_output=True, text=True, timeout=280, env=env, cwd=REPO)  # a hang bound (below the per-test limit), not a speed limit
+                          capture_output=True, text=True, timeout=280, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out_dir / "batch_growth.json") as f:
         return proc.stdout, json.load(f), out_dir

@@ -17,8 +17,9 @@ METHODS = ("sgd_small", "sgd_scaled", "sgd_scaled_warmup", "lars", "lamb")
 def quick_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("large_batch")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    # timeout: a hang bound (below the per-test limit), not a speed limit
     proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--out_dir", str(out_dir)],
-                          capture_output=True, text=True, timeout=280, env=env, cwd=REPO)  # a hang bound (below the per-test limit), not a speed limit
+                          capture_output=True, text=True, timeout=280, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out_dir / "large_batch.json") as f:
         return proc.stdout, json.load(f), out_dir
