@@ -13,6 +13,7 @@ An rpath (``$ORIGIN``-relative, then absolute) lets ``tf.load_op_library`` find
 ``build_info.json`` beside the library records that MPI, its ``mpiexec`` and flavour (which
 ``kerasdist-run`` launches with) and the TensorFlow version.
 """
+
 import glob
 import importlib.util
 import json
@@ -35,12 +36,22 @@ def mpi_flags():
     home = os.environ.get("KERASDIST_MPI_HOME")
     if home:
         lib = os.path.join(home, "lib")
-        return ([f"-I{os.path.join(home, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], f"KERASDIST_MPI_HOME={home}",
-                os.path.join(home, "bin"))
+        return (
+            [f"-I{os.path.join(home, 'include')}"],
+            [f"-L{lib}", "-lmpi"],
+            [lib],
+            f"KERASDIST_MPI_HOME={home}",
+            os.path.join(home, "bin"),
+        )
     if os.path.exists(os.path.join(sys.prefix, "include", "mpi.h")):
         lib = os.path.join(sys.prefix, "lib")
-        return ([f"-I{os.path.join(sys.prefix, 'include')}"], [f"-L{lib}", "-lmpi"], [lib], "PyPI mpich",
-                sysconfig.get_path("scripts"))
+        return (
+            [f"-I{os.path.join(sys.prefix, 'include')}"],
+            [f"-L{lib}", "-lmpi"],
+            [lib],
+            "PyPI mpich",
+            sysconfig.get_path("scripts"),
+        )
     mpicc = shutil.which("mpicc")
     if not mpicc:
         sys.exit("kerasdist: no MPI found. `pip install mpich`, or set KERASDIST_MPI_HOME, or put mpicc on PATH.")
@@ -103,16 +114,29 @@ class BuildOpLibrary(build_ext):
             rpaths += ["$ORIGIN/" + os.path.relpath(lib_dir, out_dir), os.path.abspath(lib_dir)]
         # -Wno-interference-size: Eigen (in TensorFlow's headers) uses
         # std::hardware_destructive_interference_size, and GCC 12 warns about that on every include.
-        ext.extra_compile_args = ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-deprecated-declarations",
-                                  "-Wno-interference-size"] + tf.sysconfig.get_compile_flags() + mpi_compile
+        ext.extra_compile_args = (
+            ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-deprecated-declarations", "-Wno-interference-size"]
+            + tf.sysconfig.get_compile_flags()
+            + mpi_compile
+        )
         ext.extra_link_args = tf.sysconfig.get_link_flags() + mpi_link + [f"-Wl,-rpath,{p}" for p in rpaths]
         # Python's own CFLAGS (e.g. -DNDEBUG -g -fwrapv) are harmless; its C++ std flag is ours.
         super().build_extension(ext)
         mpiexec, flavour = mpiexec_and_flavour(mpi_bin_dir)
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "build_info.json"), "w") as f:
-            json.dump({"mpi": mpi_source, "mpi_link_flags": mpi_link, "mpiexec": mpiexec, "mpi_flavour": flavour,
-                       "nccl": False, "tensorflow": tf.__version__}, f, indent=1)
+            json.dump(
+                {
+                    "mpi": mpi_source,
+                    "mpi_link_flags": mpi_link,
+                    "mpiexec": mpiexec,
+                    "mpi_flavour": flavour,
+                    "nccl": False,
+                    "tensorflow": tf.__version__,
+                },
+                f,
+                indent=1,
+            )
 
 
 sources = sorted(glob.glob(os.path.join(CSRC, "engine", "*.cc")) + glob.glob(os.path.join(CSRC, "tensorflow", "*.cc")))

@@ -51,27 +51,33 @@ SECTIONS = ["sizes", "many", "resnet50"]
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes_kib", type=int, nargs="+", default=DEFAULT_SIZES_KIB,
-                        help="float32 tensor sizes in KiB (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=7,
-                        help="timed repeats per case; the median is reported")
-    parser.add_argument("--target_ms", type=float, default=250.0,
-                        help="wall time of N ops (sets N)")
-    parser.add_argument("--min_iters", type=int, default=16,
-                        help="lower bound on N: spreads a call's one-off costs")
-    parser.add_argument("--max_iters", type=int, default=4000,
-                        help="upper bound on N")
+    parser.add_argument(
+        "--sizes_kib",
+        type=int,
+        nargs="+",
+        default=DEFAULT_SIZES_KIB,
+        help="float32 tensor sizes in KiB (default: %(default)s)",
+    )
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats per case; the median is reported")
+    parser.add_argument("--target_ms", type=float, default=250.0, help="wall time of N ops (sets N)")
+    parser.add_argument("--min_iters", type=int, default=16, help="lower bound on N: spreads a call's one-off costs")
+    parser.add_argument("--max_iters", type=int, default=4000, help="upper bound on N")
     parser.add_argument("--many_tensors", type=int, default=160)
     parser.add_argument("--many_tensor_kib", type=int, default=64)
-    parser.add_argument("--only", choices=SECTIONS, nargs="+", default=SECTIONS,
-                        help="sections to run (default: all)")
-    parser.add_argument("--fusion_threshold", type=int, default=None,
-                        help="sets KERASDIST_FUSION_THRESHOLD (bytes; 0 = no fusion) "
-                             "before kerasdist starts; default: leave the environment alone")
+    parser.add_argument("--only", choices=SECTIONS, nargs="+", default=SECTIONS, help="sections to run (default: all)")
+    parser.add_argument(
+        "--fusion_threshold",
+        type=int,
+        default=None,
+        help="sets KERASDIST_FUSION_THRESHOLD (bytes; 0 = no fusion) "
+        "before kerasdist starts; default: leave the environment alone",
+    )
     parser.add_argument("--json", default=None, help="rank 0 also writes results here")
-    parser.add_argument("--compare_to", default=None,
-                        help="JSON of an earlier run (other fusion threshold): print this "
-                             "run's many-tensor times against it")
+    parser.add_argument(
+        "--compare_to",
+        default=None,
+        help="JSON of an earlier run (other fusion threshold): print this run's many-tensor times against it",
+    )
     return parser.parse_args()
 
 
@@ -130,9 +136,9 @@ def compare(cases):
     for _ in range(ARGS.repeats):
         for name, fn in cases.items():
             samples[name].append(timed(fn, iters[name]) / iters[name])
-    return {name: dict(op_s=statistics.median(samples[name]), iters=iters[name],
-                       samples=samples[name])
-            for name in cases}
+    return {
+        name: dict(op_s=statistics.median(samples[name]), iters=iters[name], samples=samples[name]) for name in cases
+    }
 
 
 def ratio_range(raw, ours):
@@ -141,6 +147,7 @@ def ratio_range(raw, ours):
 
 
 # ------------------------------------------------------------- sizes
+
 
 @tf.function
 def chained_allreduce(x, iters):
@@ -158,10 +165,14 @@ def check_ours(elems):
 
 def bench_sizes():
     rows = []
-    say(f"\nallreduce float32, {SIZE} ranks: time per op, median of {ARGS.repeats} "
-        "(slowest rank; see the docstring for how)")
-    say(f"{'size':>9} {'raw us':>10} {'ours us':>10} {'ours/raw':>9} {'range':>11} "
-        f"{'raw GB/s':>9} {'ours GB/s':>10} {'N raw':>6} {'N ours':>7}")
+    say(
+        f"\nallreduce float32, {SIZE} ranks: time per op, median of {ARGS.repeats} "
+        "(slowest rank; see the docstring for how)"
+    )
+    say(
+        f"{'size':>9} {'raw us':>10} {'ours us':>10} {'ours/raw':>9} {'range':>11} "
+        f"{'raw GB/s':>9} {'ours GB/s':>10} {'N raw':>6} {'N ours':>7}"
+    )
     for kib in ARGS.sizes_kib:
         elems = kib * KIB // 4
         nbytes = elems * 4
@@ -179,18 +190,29 @@ def bench_sizes():
         result = compare({"raw": raw, "ours": ours})
         raw_r, ours_r = result["raw"], result["ours"]
         low, high = ratio_range(raw_r, ours_r)
-        row = dict(size_bytes=nbytes, raw_s=raw_r["op_s"], ours_s=ours_r["op_s"],
-                   ratio=raw_r["op_s"] / ours_r["op_s"], ratio_low=low, ratio_high=high,
-                   raw_gbps=nbytes / raw_r["op_s"] / 1e9, ours_gbps=nbytes / ours_r["op_s"] / 1e9,
-                   raw_iters=raw_r["iters"], ours_iters=ours_r["iters"])
+        row = dict(
+            size_bytes=nbytes,
+            raw_s=raw_r["op_s"],
+            ours_s=ours_r["op_s"],
+            ratio=raw_r["op_s"] / ours_r["op_s"],
+            ratio_low=low,
+            ratio_high=high,
+            raw_gbps=nbytes / raw_r["op_s"] / 1e9,
+            ours_gbps=nbytes / ours_r["op_s"] / 1e9,
+            raw_iters=raw_r["iters"],
+            ours_iters=ours_r["iters"],
+        )
         rows.append(row)
-        say(f"{human(nbytes):>9} {row['raw_s'] * 1e6:10.1f} {row['ours_s'] * 1e6:10.1f} "
+        say(
+            f"{human(nbytes):>9} {row['raw_s'] * 1e6:10.1f} {row['ours_s'] * 1e6:10.1f} "
             f"{row['ratio']:9.2f} {low:5.2f}-{high:<5.2f} "
-            f"{row['raw_gbps']:9.2f} {row['ours_gbps']:10.2f} {row['raw_iters']:6d} {row['ours_iters']:7d}")
+            f"{row['raw_gbps']:9.2f} {row['ours_gbps']:10.2f} {row['raw_iters']:6d} {row['ours_iters']:7d}"
+        )
     return rows
 
 
 # -------------------------------------------------------------- many
+
 
 def bench_tensor_list(title, shapes, separate_ops=False):
     """A step's worth of float32 tensors, reduced by one kd.grouped_allreduce (and, with
@@ -216,8 +238,7 @@ def bench_tensor_list(title, shapes, separate_ops=False):
 
     @tf.function
     def grouped_check():
-        return kd.grouped_allreduce([tf.fill(shape, float(RANK + i)) for i, shape in enumerate(shapes)],
-                                    op=kd.Sum)
+        return kd.grouped_allreduce([tf.fill(shape, float(RANK + i)) for i, shape in enumerate(shapes)], op=kd.Sum)
 
     for i, out in enumerate(grouped_check()):
         if not np.all(out.numpy() == SIZE * i + SIZE * (SIZE - 1) / 2):
@@ -235,24 +256,32 @@ def bench_tensor_list(title, shapes, separate_ops=False):
         for _ in range(steps):
             COMM.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
 
-    cases = {"raw: one Allreduce per tensor": raw_separate,
-             "raw: one flat buffer": raw_flat}
+    cases = {"raw: one Allreduce per tensor": raw_separate, "raw: one flat buffer": raw_flat}
     if separate_ops:
         cases[f"kerasdist: {len(shapes)} kd.allreduce per step"] = lambda n: separate(tf.constant(n))
     cases["kerasdist: kd.grouped_allreduce"] = lambda n: grouped(tf.constant(n))
-    say(f"\n{title}: {len(shapes)} float32 tensors, {human(total)} per step, {SIZE} ranks, "
-        f"KERASDIST_FUSION_THRESHOLD={threshold}: time per step, median of {ARGS.repeats}")
+    say(
+        f"\n{title}: {len(shapes)} float32 tensors, {human(total)} per step, {SIZE} ranks, "
+        f"KERASDIST_FUSION_THRESHOLD={threshold}: time per step, median of {ARGS.repeats}"
+    )
     results = compare(cases)
     per_tensor = results["raw: one Allreduce per tensor"]["op_s"]
     for label, r in results.items():
-        say(f"  {label:<44} {r['op_s'] * 1e3:8.2f} ms {total / r['op_s'] / 1e9:6.2f} GB/s"
-            f"  {per_tensor / r['op_s']:5.2f}x raw per tensor")
-    return dict(threshold=threshold, tensors=len(shapes), bytes=total,
-                step_seconds={label: r["op_s"] for label, r in results.items()})
+        say(
+            f"  {label:<44} {r['op_s'] * 1e3:8.2f} ms {total / r['op_s'] / 1e9:6.2f} GB/s"
+            f"  {per_tensor / r['op_s']:5.2f}x raw per tensor"
+        )
+    return dict(
+        threshold=threshold,
+        tensors=len(shapes),
+        bytes=total,
+        step_seconds={label: r["op_s"] for label, r in results.items()},
+    )
 
 
 def resnet50_gradient_shapes():
     from kerasdist.models import resnet50
+
     return [tuple(v.shape) for v in resnet50(num_classes=1000).trainable_variables]
 
 
@@ -267,8 +296,10 @@ def compare_runs(mine, path):
         if "0" not in (results["threshold"], other["threshold"]):
             raise SystemExit("--compare_to needs one of the two runs at KERASDIST_FUSION_THRESHOLD=0")
         unfused, fused = (results, other) if results["threshold"] == "0" else (other, results)
-        say(f"\n{section}: fused (KERASDIST_FUSION_THRESHOLD={fused['threshold']}) against "
-            "unfused (0): unfused time / fused time")
+        say(
+            f"\n{section}: fused (KERASDIST_FUSION_THRESHOLD={fused['threshold']}) against "
+            "unfused (0): unfused time / fused time"
+        )
         for label, seconds in fused["step_seconds"].items():
             note = "  (the same work in both runs: drift between them)" if label.startswith("raw") else ""
             say(f"  {label:<44} {unfused['step_seconds'][label] / seconds:5.2f}{note}")
@@ -282,15 +313,19 @@ def human(nbytes):
 
 
 def main():
-    say(f"kerasdist allreduce benchmark: {SIZE} ranks, MPI: "
-        f"{MPI.Get_library_version().splitlines()[0].strip()}, TF {tf.__version__}")
+    say(
+        f"kerasdist allreduce benchmark: {SIZE} ranks, MPI: "
+        f"{MPI.Get_library_version().splitlines()[0].strip()}, TF {tf.__version__}"
+    )
     results = {"ranks": SIZE}
     if "sizes" in ARGS.only:
         results["sizes"] = bench_sizes()
     if "many" in ARGS.only:
         results["many"] = bench_tensor_list(
             f"{ARGS.many_tensors} x {ARGS.many_tensor_kib} KiB",
-            [(ARGS.many_tensor_kib * KIB // 4,)] * ARGS.many_tensors, separate_ops=True)
+            [(ARGS.many_tensor_kib * KIB // 4,)] * ARGS.many_tensors,
+            separate_ops=True,
+        )
     if "resnet50" in ARGS.only:
         results["resnet50"] = bench_tensor_list("ResNet-50 gradients", resnet50_gradient_shapes())
     if ARGS.compare_to:

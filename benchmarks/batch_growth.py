@@ -76,10 +76,9 @@ import types
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import keras  # noqa: E402
 
 import kerasdist  # noqa: E402
 
@@ -103,27 +102,43 @@ def parse_args(argv=None):
     parser.add_argument("--epochs", type=int, default=10, help="epoch budget of every run")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per configuration (seed 0 also tunes)")
     parser.add_argument("--pool", type=int, default=262144, help="training rows generated")
-    parser.add_argument("--epoch_rows", type=int, default=65536,
-                        help="rows per epoch, drawn from the reshuffled pool (one pass = pool / epoch_rows epochs)")
+    parser.add_argument(
+        "--epoch_rows",
+        type=int,
+        default=65536,
+        help="rows per epoch, drawn from the reshuffled pool (one pass = pool / epoch_rows epochs)",
+    )
     parser.add_argument("--micro_batch", type=int, default=64, help="rows per micro-batch (fit's batch_size)")
     parser.add_argument("--start_passes", type=int, default=2, help="backward_passes_per_step at the start")
     parser.add_argument("--max_batch", type=int, default=2048, help="cap on the grown effective batch")
     parser.add_argument("--large_batch", type=int, default=1024, help="fixed_large's effective batch")
-    parser.add_argument("--lr_grid", type=float, nargs="+", default=[0.03, 0.1, 0.3],
-                        help="constant base rates tried for the baseline")
+    parser.add_argument(
+        "--lr_grid", type=float, nargs="+", default=[0.03, 0.1, 0.3], help="constant base rates tried for the baseline"
+    )
     parser.add_argument("--lr_scaling", choices=("linear", "sqrt", "none"), default="linear")
-    parser.add_argument("--noise_safeguard", type=int, default=None,
-                        help="noise-scale runs: grow anyway after this many checks without growth (default: never)")
-    parser.add_argument("--curvature_safeguard", type=int, default=3,
-                        help="curvature runs: grow anyway after this many checks without growth (ABS's safeguard)")
+    parser.add_argument(
+        "--noise_safeguard",
+        type=int,
+        default=None,
+        help="noise-scale runs: grow anyway after this many checks without growth (default: never)",
+    )
+    parser.add_argument(
+        "--curvature_safeguard",
+        type=int,
+        default=3,
+        help="curvature runs: grow anyway after this many checks without growth (ABS's safeguard)",
+    )
     parser.add_argument("--curvature_samples", type=int, default=2048)
     parser.add_argument("--width", type=int, default=256, help="student hidden width")
     parser.add_argument("--depth", type=int, default=3, help="student hidden layers")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run (<1 min): 4,096 rows, micro-batch 32, 3 epochs, one rate, 1 seed, "
-                             "cap 256, growth forced after 1 check")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run (<1 min): 4,096 rows, micro-batch 32, 3 epochs, one rate, 1 seed, "
+        "cap 256, growth forced after 1 check",
+    )
     parser.add_argument("--out_dir", default="bench-results")
     args = parser.parse_args(argv)
     if args.quick:
@@ -141,14 +156,17 @@ def parse_args(argv=None):
 def load_task(args):
     task = make_teacher_task(types.SimpleNamespace(**TASK, n_train=args.pool))
     quick_rows = 1024 if args.quick else None
-    return {"train": task["train"],
-            "val": tuple(a[:quick_rows] for a in task["val"]),
-            "test": tuple(a[:quick_rows] for a in task["test"])}
+    return {
+        "train": task["train"],
+        "val": tuple(a[:quick_rows] for a in task["val"]),
+        "test": tuple(a[:quick_rows] for a in task["test"]),
+    }
 
 
 def accuracy(model, x, y):
-    logits = np.concatenate([keras.ops.convert_to_numpy(model(x[i:i + 8192], training=False))
-                             for i in range(0, len(x), 8192)])
+    logits = np.concatenate(
+        [keras.ops.convert_to_numpy(model(x[i : i + 8192], training=False)) for i in range(0, len(x), 8192)]
+    )
     return float(np.mean(logits.argmax(axis=1) == y))
 
 
@@ -179,18 +197,20 @@ class EpochRecorder(keras.callbacks.Callback):
         begin_eval = time.perf_counter()
         optimizer = self.model.optimizer
         logs = logs or {}
-        self.rows.append({
-            "epoch": epoch + 1,
-            "steps": int(keras.ops.convert_to_numpy(optimizer.iterations)),
-            "seconds": round(seconds, 2),
-            "batch_size": self.micro_batch * self._passes,
-            "learning_rate": self._rate,
-            "train_loss": float(logs.get("loss", math.nan)),
-            "noise_scale": optimizer.gradient_noise_scale.noise_scale(),
-            "hessian_top_eigenvalue": logs.get("hessian_top_eigenvalue"),
-            "val_acc": accuracy(self.model, *self.data["val"]),
-            "test_acc": accuracy(self.model, *self.data["test"]),
-        })
+        self.rows.append(
+            {
+                "epoch": epoch + 1,
+                "steps": int(keras.ops.convert_to_numpy(optimizer.iterations)),
+                "seconds": round(seconds, 2),
+                "batch_size": self.micro_batch * self._passes,
+                "learning_rate": self._rate,
+                "train_loss": float(logs.get("loss", math.nan)),
+                "noise_scale": optimizer.gradient_noise_scale.noise_scale(),
+                "hessian_top_eigenvalue": logs.get("hessian_top_eigenvalue"),
+                "val_acc": accuracy(self.model, *self.data["val"]),
+                "test_acc": accuracy(self.model, *self.data["test"]),
+            }
+        )
         self._untimed += time.perf_counter() - begin_eval
 
 
@@ -214,8 +234,15 @@ def growth_decisions(growth):
             reason = "signal" if wanted else "forced"
         else:
             reason = "capped" if wanted else None
-        out.append({"epoch": record["epoch"] + 1, "batch_size": batch, "signal": value, "grew": record["grew"],
-                    "reason": reason})
+        out.append(
+            {
+                "epoch": record["epoch"] + 1,
+                "batch_size": batch,
+                "signal": value,
+                "grew": record["grew"],
+                "reason": reason,
+            }
+        )
     return out
 
 
@@ -226,36 +253,62 @@ def train(config, base_rate, seed, data, args):
     rate = base_rate
     if config == "fixed_large":
         passes = args.large_batch // args.micro_batch
-        rate = base_rate * {"linear": passes / args.start_passes, "sqrt": math.sqrt(passes / args.start_passes),
-                            "none": 1.0}[args.lr_scaling]
+        rate = (
+            base_rate
+            * {"linear": passes / args.start_passes, "sqrt": math.sqrt(passes / args.start_passes), "none": 1.0}[
+                args.lr_scaling
+            ]
+        )
     student = types.SimpleNamespace(dim=TASK["dim"], width=args.width, depth=args.depth)
     model = build_student(student)
     optimizer = kerasdist.DistributedOptimizer(
-        keras.optimizers.SGD(rate, momentum=0.9), backward_passes_per_step=passes,
-        gradient_noise_scale=kerasdist.GradientNoiseScale(batch_size=args.micro_batch))
-    model.compile(optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=False)
+        keras.optimizers.SGD(rate, momentum=0.9),
+        backward_passes_per_step=passes,
+        gradient_noise_scale=kerasdist.GradientNoiseScale(batch_size=args.micro_batch),
+    )
+    model.compile(optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     growth = None
     if config in ("noise_scale", "curvature"):
         x, y = data["train"]
         sample = np.random.default_rng(seed).choice(len(x), args.curvature_samples, replace=False)
         growth = kerasdist.callbacks.AdaptiveBatchGrowth(
-            signal=config, batch_size=args.micro_batch, growth_factor=2, max_batch_size=args.max_batch,
+            signal=config,
+            batch_size=args.micro_batch,
+            growth_factor=2,
+            max_batch_size=args.max_batch,
             lr_scaling=args.lr_scaling,
             max_epochs_without_growth=args.noise_safeguard if config == "noise_scale" else args.curvature_safeguard,
-            curvature_data=(x[sample], y[sample]) if config == "curvature" else None)
+            curvature_data=(x[sample], y[sample]) if config == "curvature" else None,
+        )
     recorder = EpochRecorder(data, args.micro_batch)
     callbacks = kerasdist.callbacks(batch_growth=growth, extra=[keras.callbacks.TerminateOnNaN(), recorder])
     x, y = data["train"]
-    stream = (tf.data.Dataset.from_tensor_slices((x, y))
-              .shuffle(len(x), seed=seed, reshuffle_each_iteration=True).repeat()
-              .batch(args.micro_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE))
-    model.fit(stream, steps_per_epoch=args.epoch_rows // args.micro_batch, epochs=args.epochs, shuffle=False,
-              verbose=0, callbacks=callbacks)
+    stream = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(args.micro_batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    model.fit(
+        stream,
+        steps_per_epoch=args.epoch_rows // args.micro_batch,
+        epochs=args.epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
     rows = recorder.rows
     diverged = len(rows) < args.epochs or not all(math.isfinite(r["train_loss"]) for r in rows)
-    return {"config": config, "seed": seed, "base_rate": base_rate, "rate": rate, "diverged": diverged,
-            "epochs": rows, "decisions": growth_decisions(growth) if growth else None}
+    return {
+        "config": config,
+        "seed": seed,
+        "base_rate": base_rate,
+        "rate": rate,
+        "diverged": diverged,
+        "epochs": rows,
+        "decisions": growth_decisions(growth) if growth else None,
+    }
 
 
 def reach(run, target):
@@ -272,7 +325,7 @@ def median_or_none(values):
     if not keyed:
         return None
     n = len(keyed)
-    middle = keyed[(n - 1) // 2: n // 2 + 1]
+    middle = keyed[(n - 1) // 2 : n // 2 + 1]
     if any(v is None for v in middle):
         return None
     return statistics.mean(middle)
@@ -280,21 +333,27 @@ def median_or_none(values):
 
 def summarise(runs, targets):
     final = [r["epochs"][-1] for r in runs]
-    out = {"test_acc_median": statistics.median(f["test_acc"] for f in final),
-           "test_acc_min": min(f["test_acc"] for f in final), "test_acc_max": max(f["test_acc"] for f in final),
-           "best_test_acc_median": statistics.median(max(e["test_acc"] for e in r["epochs"]) for r in runs),
-           "steps_median": statistics.median(f["steps"] for f in final),
-           "seconds_median": statistics.median(f["seconds"] for f in final),
-           "final_batch_median": statistics.median(f["batch_size"] for f in final),
-           "diverged_runs": sum(r["diverged"] for r in runs), "to_target": {}}
+    out = {
+        "test_acc_median": statistics.median(f["test_acc"] for f in final),
+        "test_acc_min": min(f["test_acc"] for f in final),
+        "test_acc_max": max(f["test_acc"] for f in final),
+        "best_test_acc_median": statistics.median(max(e["test_acc"] for e in r["epochs"]) for r in runs),
+        "steps_median": statistics.median(f["steps"] for f in final),
+        "seconds_median": statistics.median(f["seconds"] for f in final),
+        "final_batch_median": statistics.median(f["batch_size"] for f in final),
+        "diverged_runs": sum(r["diverged"] for r in runs),
+        "to_target": {},
+    }
     for name, target in targets.items():
         hits = [reach(r, target) for r in runs]
         out["to_target"][name] = {
-            "target": target, "reached": sum(h is not None for h in hits),
+            "target": target,
+            "reached": sum(h is not None for h in hits),
             "steps_median": median_or_none([h and h[0] for h in hits]),
             "seconds_median": median_or_none([h and h[1] for h in hits]),
             "epoch_median": median_or_none([h and h[2] for h in hits]),
-            "per_seed": [None if h is None else {"steps": h[0], "seconds": h[1], "epoch": h[2]} for h in hits]}
+            "per_seed": [None if h is None else {"steps": h[0], "seconds": h[1], "epoch": h[2]} for h in hits],
+        }
     return out
 
 
@@ -304,9 +363,11 @@ def _fmt(value, spec):
 
 def results_table(results, targets, n_seeds):
     names = list(targets)
-    head = "| configuration | final batch | " + " | ".join(
-        f"steps to {n} | s to {n}" for n in names) + (" | steps (all) | s (all) | final test acc, median [min, max] | "
-                                                    "best test acc |")
+    head = (
+        "| configuration | final batch | "
+        + " | ".join(f"steps to {n} | s to {n}" for n in names)
+        + (" | steps (all) | s (all) | final test acc, median [min, max] | best test acc |")
+    )
     lines = [head, "|---|---:|" + "---:|---:|" * len(names) + "---:|---:|---|---:|"]
     base = results["fixed_small"]["summary"]
     for config, r in results.items():
@@ -314,26 +375,35 @@ def results_table(results, targets, n_seeds):
         cells = []
         for n in names:
             t, b = s["to_target"][n], base["to_target"][n]
-            ratio = (f" ({b['steps_median'] / t['steps_median']:.1f}x fewer)"
-                     if config != "fixed_small" and t["steps_median"] and b["steps_median"] else "")
+            ratio = (
+                f" ({b['steps_median'] / t['steps_median']:.1f}x fewer)"
+                if config != "fixed_small" and t["steps_median"] and b["steps_median"]
+                else ""
+            )
             reached = f" [{t['reached']}/{n_seeds}]" if t["reached"] < n_seeds else ""
             cells += [f"{_fmt(t['steps_median'], '.0f')}{ratio}{reached}", _fmt(t["seconds_median"], ".0f")]
         div = f", {s['diverged_runs']} diverged" if s["diverged_runs"] else ""
-        lines.append(f"| {LABELS[config]} | {s['final_batch_median']:.0f} | " + " | ".join(cells)
-                     + f" | {s['steps_median']:.0f} | {s['seconds_median']:.0f} | {s['test_acc_median']:.4f} "
-                       f"[{s['test_acc_min']:.4f}, {s['test_acc_max']:.4f}]{div} | {s['best_test_acc_median']:.4f} |")
+        lines.append(
+            f"| {LABELS[config]} | {s['final_batch_median']:.0f} | "
+            + " | ".join(cells)
+            + f" | {s['steps_median']:.0f} | {s['seconds_median']:.0f} | {s['test_acc_median']:.4f} "
+            f"[{s['test_acc_min']:.4f}, {s['test_acc_max']:.4f}]{div} | {s['best_test_acc_median']:.4f} |"
+        )
     return "\n".join(lines)
 
 
 def decisions_table(results):
-    lines = ["| configuration | seed | batch per epoch (* = grew after it: s signal, f forced) | signal per epoch |",
-             "|---|---:|---|---|"]
+    lines = [
+        "| configuration | seed | batch per epoch (* = grew after it: s signal, f forced) | signal per epoch |",
+        "|---|---:|---|---|",
+    ]
     for config, r in results.items():
         for run in r["runs"]:
             if not run["decisions"]:
                 continue
-            batches = " ".join(f"{d['batch_size']}{'*' + d['reason'][0] if d['grew'] else ''}"
-                               for d in run["decisions"])
+            batches = " ".join(
+                f"{d['batch_size']}{'*' + d['reason'][0] if d['grew'] else ''}" for d in run["decisions"]
+            )
             signals = " ".join(f"{d['signal']:.3g}" for d in run["decisions"])
             lines.append(f"| {LABELS[config]} | {run['seed']} | {batches} | {signals} |")
     return "\n".join(lines)
@@ -342,6 +412,7 @@ def decisions_table(results):
 def save_plot(results, targets, args, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -354,8 +425,9 @@ def save_plot(results, targets, args, path):
         for i, run in enumerate(r["runs"]):
             rows = run["epochs"]
             label = LABELS[config] if i == 0 else None
-            style = dict(color=colors[config], marker="o", ms=3, lw=1.2 if i == 0 else 0.7,
-                         alpha=1.0 if i == 0 else 0.5)
+            style = dict(
+                color=colors[config], marker="o", ms=3, lw=1.2 if i == 0 else 0.7, alpha=1.0 if i == 0 else 0.5
+            )
             epoch = [row["epoch"] for row in rows]
             test = [row["test_acc"] for row in rows]
             ax_steps.plot([row["steps"] for row in rows], test, label=label, **style)
@@ -365,9 +437,17 @@ def save_plot(results, targets, args, path):
             ax_rate.plot(epoch, [row["learning_rate"] for row in rows], label=label, **style)
             ax_signal.plot(epoch, [row["noise_scale"] for row in rows], label=label, **style)
             if config == "curvature":
-                ax_curv.plot(epoch, [row["hessian_top_eigenvalue"] for row in rows], color=colors[config],
-                             ls="--", marker="s", ms=3, lw=style["lw"], alpha=style["alpha"],
-                             label="top Hessian eigenvalue (right axis)" if i == 0 else None)
+                ax_curv.plot(
+                    epoch,
+                    [row["hessian_top_eigenvalue"] for row in rows],
+                    color=colors[config],
+                    ls="--",
+                    marker="s",
+                    ms=3,
+                    lw=style["lw"],
+                    alpha=style["alpha"],
+                    label="top Hessian eigenvalue (right axis)" if i == 0 else None,
+                )
     for ax in (ax_steps, ax_epoch, ax_time):
         for (name, target), ls in zip(targets.items(), (":", "--")):
             ax.axhline(target, color="grey", ls=ls, lw=0.8, label=f"target {name} = {target:.3f}")
@@ -377,20 +457,22 @@ def save_plot(results, targets, args, path):
     ax_time.set(xlabel="training wall time (s)", title="Test accuracy vs wall time")
     ax_batch.set(xlabel="epoch", ylabel="effective batch", yscale="log", title="Batch used in each epoch")
     ax_rate.set(xlabel="epoch", ylabel="learning rate", yscale="log", title="Learning rate in each epoch")
-    ax_signal.set(xlabel="epoch", ylabel="B_noise (samples)", yscale="log",
-                  title="Signals at epoch end")
+    ax_signal.set(xlabel="epoch", ylabel="B_noise (samples)", yscale="log", title="Signals at epoch end")
     ax_curv.set_ylabel("top Hessian eigenvalue")
     ax_steps.legend(fontsize=7, loc="lower right")
     handles = ax_signal.get_legend_handles_labels()[0] + ax_curv.get_legend_handles_labels()[0]
     if handles:
         ax_signal.legend(handles=handles, fontsize=7, loc="best")
     seeds = len(next(iter(results.values()))["runs"])
-    fig.suptitle(f"Adaptive batch growth, teacher-student MLP, {args.pool}-row pool, {args.epochs} epochs of "
-                 f"{args.epoch_rows} rows, "
-                 f"micro-batch {args.micro_batch}, start batch {args.micro_batch * args.start_passes}, cap "
-                 f"{args.max_batch}, fixed large {args.large_batch}\nSGD momentum 0.9 at base rate "
-                 f"{results['fixed_small']['base_rate']:g}, lr_scaling={args.lr_scaling}, {seeds} seed(s) "
-                 "(thick: seed 0)", fontsize=10)
+    fig.suptitle(
+        f"Adaptive batch growth, teacher-student MLP, {args.pool}-row pool, {args.epochs} epochs of "
+        f"{args.epoch_rows} rows, "
+        f"micro-batch {args.micro_batch}, start batch {args.micro_batch * args.start_passes}, cap "
+        f"{args.max_batch}, fixed large {args.large_batch}\nSGD momentum 0.9 at base rate "
+        f"{results['fixed_small']['base_rate']:g}, lr_scaling={args.lr_scaling}, {seeds} seed(s) "
+        "(thick: seed 0)",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -420,17 +502,21 @@ def main(args):
 
     start = time.perf_counter()
     data = load_task(args)
-    say(f"task: {len(data['train'][0])}/{len(data['val'][0])}/{len(data['test'][0])} rows, {args.epoch_rows} per "
+    say(
+        f"task: {len(data['train'][0])}/{len(data['val'][0])}/{len(data['test'][0])} rows, {args.epoch_rows} per "
         f"epoch; micro-batch "
         f"{args.micro_batch}, start batch {args.micro_batch * args.start_passes}, cap {args.max_batch}; "
-        f"{args.epochs} epochs; {args.seeds} seed(s); configs {' '.join(args.configs)}")
+        f"{args.epochs} epochs; {args.seeds} seed(s); configs {' '.join(args.configs)}"
+    )
 
     def run(config, rate, seed):
         result = train(config, rate, seed, data, args)
         last = result["epochs"][-1]
-        say(f"  {config:12s} rate {rate:<6g} seed {seed}: val {last['val_acc']:.4f} test {last['test_acc']:.4f} "
+        say(
+            f"  {config:12s} rate {rate:<6g} seed {seed}: val {last['val_acc']:.4f} test {last['test_acc']:.4f} "
             f"steps {last['steps']} batch {last['batch_size']} ({last['seconds']:.0f} s)"
-            + (" DIVERGED" if result["diverged"] else ""))
+            + (" DIVERGED" if result["diverged"] else "")
+        )
         return result
 
     tuning = [run("fixed_small", rate, 0) for rate in args.lr_grid]
@@ -448,28 +534,52 @@ def main(args):
     wall = time.perf_counter() - start
 
     edge = " (at the grid's edge)" if base_rate in (args.lr_grid[0], args.lr_grid[-1]) and len(args.lr_grid) > 1 else ""
-    say("\nTuning the baseline (seed 0, final validation accuracy per constant rate): "
-        + ", ".join(f"{t['base_rate']:g}: {t['epochs'][-1]['val_acc']:.4f}" + (" (div.)" if t["diverged"] else "")
-                    for t in tuning) + f"; chosen {base_rate:g}{edge}")
-    say(f"\nResults ({args.epochs} epochs, medians over {args.seeds} seed(s); targets: "
-        + ", ".join(f"{n} of the baseline's final test accuracy {baseline_final:.4f} = {t:.4f}"
-                    for n, t in targets.items()) + "):\n")
+    say(
+        "\nTuning the baseline (seed 0, final validation accuracy per constant rate): "
+        + ", ".join(
+            f"{t['base_rate']:g}: {t['epochs'][-1]['val_acc']:.4f}" + (" (div.)" if t["diverged"] else "")
+            for t in tuning
+        )
+        + f"; chosen {base_rate:g}{edge}"
+    )
+    say(
+        f"\nResults ({args.epochs} epochs, medians over {args.seeds} seed(s); targets: "
+        + ", ".join(
+            f"{n} of the baseline's final test accuracy {baseline_final:.4f} = {t:.4f}" for n, t in targets.items()
+        )
+        + "):\n"
+    )
     say(results_table(results, targets, args.seeds))
     say("\nGrowth decisions:\n")
     say(decisions_table(results))
     os.makedirs(args.out_dir, exist_ok=True)
     png = os.path.join(args.out_dir, "batch_growth.png")
     plotted = save_plot(results, targets, args, png)
-    out = {"config": vars(args), "task": TASK, "base_rate": base_rate, "baseline_final_test_acc": baseline_final,
-           "targets": targets, "wall_seconds": round(wall, 1),
-           "tuning": [{"rate": t["base_rate"], "val_acc": t["epochs"][-1]["val_acc"],
-                       "test_acc": t["epochs"][-1]["test_acc"], "diverged": t["diverged"]} for t in tuning],
-           "results": results}
+    out = {
+        "config": vars(args),
+        "task": TASK,
+        "base_rate": base_rate,
+        "baseline_final_test_acc": baseline_final,
+        "targets": targets,
+        "wall_seconds": round(wall, 1),
+        "tuning": [
+            {
+                "rate": t["base_rate"],
+                "val_acc": t["epochs"][-1]["val_acc"],
+                "test_acc": t["epochs"][-1]["test_acc"],
+                "diverged": t["diverged"],
+            }
+            for t in tuning
+        ],
+        "results": results,
+    }
     json_path = os.path.join(args.out_dir, "batch_growth.json")
     with open(json_path, "w") as f:
         json.dump(_finite(out), f, indent=1)
-    say(f"\nwall time {wall:.0f} s; wrote {json_path}"
-        + (f" and {png}" if plotted else " (matplotlib not installed: no plot)"))
+    say(
+        f"\nwall time {wall:.0f} s; wrote {json_path}"
+        + (f" and {png}" if plotted else " (matplotlib not installed: no plot)")
+    )
     return out
 
 

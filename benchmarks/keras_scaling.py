@@ -77,8 +77,9 @@ from absl import app, flags
 REPO = pathlib.Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "keras_synthetic_benchmark.py"
 
-MODEL = flags.DEFINE_enum("model", "small_cnn", ["small_cnn", "cifar_resnet20", "resnet50", "mlp"],
-                          "Model from kerasdist.models.")
+MODEL = flags.DEFINE_enum(
+    "model", "small_cnn", ["small_cnn", "cifar_resnet20", "resnet50", "mlp"], "Model from kerasdist.models."
+)
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 64, "Images per batch on each rank.")
 RANKS = flags.DEFINE_integer("ranks", 2, "Ranks of the multi-process configuration.")
 ROUNDS = flags.DEFINE_integer("rounds", 5, "Times every configuration runs, in turns.")
@@ -88,13 +89,21 @@ NUM_ITERS = flags.DEFINE_integer("num_iters", 8, "Timed iterations per run (each
 INTRA_OP_THREADS = flags.DEFINE_integer("intra_op_threads", 1, "TensorFlow math threads per rank.")
 INTER_OP_THREADS = flags.DEFINE_integer("inter_op_threads", 1, "TensorFlow op-scheduling threads per rank.")
 RUN_TIMEOUT_S = flags.DEFINE_integer("run_timeout_s", 240, "Wall-clock limit of one run.")
-MPIEXEC = flags.DEFINE_string("mpiexec", None, "mpiexec to launch with; default: the one next to this "
-                              "Python (the venv's), else the one on PATH.")
-JSON_PATH = flags.DEFINE_string("json", str(REPO / "bench-results" / "keras_scaling.json"),
-                                "Where to write the runs and the summary (with --thread_pools: "
-                                "bench-results/keras_thread_pools.json unless given).")
-THREAD_POOLS = flags.DEFINE_bool("thread_pools", False, "Instead of the scaling table, compare TensorFlow's own "
-                                 "thread pools with the ones kerasdist.init() sizes (see the docstring).")
+MPIEXEC = flags.DEFINE_string(
+    "mpiexec", None, "mpiexec to launch with; default: the one next to this Python (the venv's), else the one on PATH."
+)
+JSON_PATH = flags.DEFINE_string(
+    "json",
+    str(REPO / "bench-results" / "keras_scaling.json"),
+    "Where to write the runs and the summary (with --thread_pools: "
+    "bench-results/keras_thread_pools.json unless given).",
+)
+THREAD_POOLS = flags.DEFINE_bool(
+    "thread_pools",
+    False,
+    "Instead of the scaling table, compare TensorFlow's own "
+    "thread pools with the ones kerasdist.init() sizes (see the docstring).",
+)
 
 PLAIN, KERASDIST_1, KERASDIST_N, INDEPENDENT_N = "plain", "kerasdist-1", "kerasdist-N", "independent-N"
 KERASDIST_N_POOLS_OFF = "kerasdist-N off"
@@ -109,9 +118,15 @@ def mpiexec_path():
 
 def commands():
     """Configuration name -> command line, each bounded by `timeout`."""
-    example = [sys.executable, str(EXAMPLE), f"--model={MODEL.value}", f"--batch_size={BATCH_SIZE.value}",
-               f"--num_warmup_batches={NUM_WARMUP_BATCHES.value}",
-               f"--num_batches_per_iter={NUM_BATCHES_PER_ITER.value}", f"--num_iters={NUM_ITERS.value}"]
+    example = [
+        sys.executable,
+        str(EXAMPLE),
+        f"--model={MODEL.value}",
+        f"--batch_size={BATCH_SIZE.value}",
+        f"--num_warmup_batches={NUM_WARMUP_BATCHES.value}",
+        f"--num_batches_per_iter={NUM_BATCHES_PER_ITER.value}",
+        f"--num_iters={NUM_ITERS.value}",
+    ]
     bounded = ["timeout", "--kill-after=10", str(RUN_TIMEOUT_S.value)]
     n_processes = [mpiexec_path(), "-n", str(RANKS.value)]
     return {
@@ -125,8 +140,12 @@ def commands():
 
 def thread_environment():
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(INTRA_OP_THREADS.value), TF_NUM_INTRAOP_THREADS=str(INTRA_OP_THREADS.value),
-               TF_NUM_INTEROP_THREADS=str(INTER_OP_THREADS.value), TF_CPP_MIN_LOG_LEVEL="2")
+    env.update(
+        OMP_NUM_THREADS=str(INTRA_OP_THREADS.value),
+        TF_NUM_INTRAOP_THREADS=str(INTRA_OP_THREADS.value),
+        TF_NUM_INTEROP_THREADS=str(INTER_OP_THREADS.value),
+        TF_CPP_MIN_LOG_LEVEL="2",
+    )
     return env
 
 
@@ -147,18 +166,22 @@ def run_once(name, command, env):
     start = time.perf_counter()
     done = subprocess.run(command, env=env, cwd=REPO, capture_output=True, text=True)
     wall_s = time.perf_counter() - start
-    results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    results = [json.loads(line[len("RESULT ") :]) for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode != 0 or not results:
         reason = "timed out" if done.returncode in (124, 137) else f"exit status {done.returncode}"
-        sys.stderr.write(f"\n{name} failed ({reason}): {' '.join(command)}\n--- stdout\n{done.stdout[-3000:]}"
-                         f"\n--- stderr\n{done.stderr[-3000:]}\n")
+        sys.stderr.write(
+            f"\n{name} failed ({reason}): {' '.join(command)}\n--- stdout\n{done.stdout[-3000:]}"
+            f"\n--- stderr\n{done.stderr[-3000:]}\n"
+        )
         raise SystemExit(1)
     return {
         "configuration": name,
         "images_per_second": sum(r["images_per_second"] for r in results),
         "step_ms": statistics.mean(r["step_ms"] for r in results),
         "cpu_ms_per_step_per_rank": statistics.mean(r["cpu_ms_per_step_per_rank"] for r in results),
-        "wall_s": wall_s, "load_average_1min_before": load_before, "results": results,
+        "wall_s": wall_s,
+        "load_average_1min_before": load_before,
+        "results": results,
     }
 
 
@@ -183,14 +206,18 @@ def run_rounds(configurations, environments):
         for name in names[shift:] + names[:shift]:
             run = {**run_once(name, configurations[name], environments[name]), "round": round_index}
             runs.append(run)
-            print(f"  round {round_index + 1}: {name:<13} {run['images_per_second']:8.1f} img/s  "
-                  f"step {run['step_ms']:6.1f} ms  CPU {run['cpu_ms_per_step_per_rank']:6.1f} ms/step/rank  "
-                  f"(run {run['wall_s']:.0f} s, load {run['load_average_1min_before']:.1f})", flush=True)
+            print(
+                f"  round {round_index + 1}: {name:<13} {run['images_per_second']:8.1f} img/s  "
+                f"step {run['step_ms']:6.1f} ms  CPU {run['cpu_ms_per_step_per_rank']:6.1f} ms/step/rank  "
+                f"(run {run['wall_s']:.0f} s, load {run['load_average_1min_before']:.1f})",
+                flush=True,
+            )
     return runs
 
 
 def summarize(runs, names):
     """Per-configuration medians and the ratios, estimated four ways (see the module docstring)."""
+
     def of(name, key):
         return [r[key] for r in runs if r["configuration"] == name]
 
@@ -201,11 +228,16 @@ def summarize(runs, names):
     cpu_ms = {name: statistics.median(of(name, "cpu_ms_per_step_per_rank")) for name in names}
     # Images per CPU-second of all ranks together: throughput had every rank a core of its own.
     per_cpu_second = {name: ranks[name] * BATCH_SIZE.value / (cpu_ms[name] / 1e3) for name in names}
-    per_round = [ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
-                 for i in range(ROUNDS.value)]
+    per_round = [
+        ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
+        for i in range(ROUNDS.value)
+    ]
     return {
-        "images_per_second": {"median": median, "best": best,
-                              "worst": {name: min(of(name, "images_per_second")) for name in names}},
+        "images_per_second": {
+            "median": median,
+            "best": best,
+            "worst": {name: min(of(name, "images_per_second")) for name in names},
+        },
         "step_ms": step_ms,
         "cpu_ms_per_step_per_rank": cpu_ms,
         "ratios": {
@@ -219,55 +251,78 @@ def summarize(runs, names):
 
 def print_summary(summary, names):
     throughput = summary["images_per_second"]
-    print(f"\n{'configuration':<14} {'median img/s':>12} {'best':>8} {'worst':>8} {'step ms':>8} "
-          f"{'CPU ms/step/rank':>17} {'CPU/wall':>9}")
+    print(
+        f"\n{'configuration':<14} {'median img/s':>12} {'best':>8} {'worst':>8} {'step ms':>8} "
+        f"{'CPU ms/step/rank':>17} {'CPU/wall':>9}"
+    )
     for name in names:
         step_ms, cpu_ms = summary["step_ms"][name], summary["cpu_ms_per_step_per_rank"][name]
-        print(f"{name:<14} {throughput['median'][name]:12.1f} {throughput['best'][name]:8.1f} "
-              f"{throughput['worst'][name]:8.1f} {step_ms:8.1f} {cpu_ms:17.1f} {cpu_ms / step_ms:9.2f}")
+        print(
+            f"{name:<14} {throughput['median'][name]:12.1f} {throughput['best'][name]:8.1f} "
+            f"{throughput['worst'][name]:8.1f} {step_ms:8.1f} {cpu_ms:17.1f} {cpu_ms / step_ms:9.2f}"
+        )
     estimates = summary["ratios"]
     n = RANKS.value
     print(f"\n{'':<22}" + "".join(f"{label:>11}" for label in estimates))
-    rows = (("size1_overhead", "size-1 overhead", "{:+.1%}", "target <= 3 %"),
-            ("efficiency_vs_kerasdist_1", f"E({n}) vs kerasdist-1", "{:.3f}", "target >= 0.9"),
-            ("efficiency_vs_plain", f"E({n}) vs plain Keras", "{:.3f}", ""),
-            ("ceiling_efficiency", f"ceiling E({n})", "{:.3f}", "no communication"),
-            ("efficiency_over_ceiling", f"E({n}) / ceiling", "{:.3f}", ""))
+    rows = (
+        ("size1_overhead", "size-1 overhead", "{:+.1%}", "target <= 3 %"),
+        ("efficiency_vs_kerasdist_1", f"E({n}) vs kerasdist-1", "{:.3f}", "target >= 0.9"),
+        ("efficiency_vs_plain", f"E({n}) vs plain Keras", "{:.3f}", ""),
+        ("ceiling_efficiency", f"ceiling E({n})", "{:.3f}", "no communication"),
+        ("efficiency_over_ceiling", f"E({n}) / ceiling", "{:.3f}", ""),
+    )
     for key, label, fmt, target in rows:
-        print(f"{label:<22}" + "".join(f"{fmt.format(values[key]):>11}" for values in estimates.values())
-              + f"   {target}")
+        print(
+            f"{label:<22}" + "".join(f"{fmt.format(values[key]):>11}" for values in estimates.values()) + f"   {target}"
+        )
 
 
 def compare_thread_pools():
     """The --thread_pools comparison; returns what goes into the JSON."""
     every = commands()
-    configurations = {PLAIN: every[PLAIN], KERASDIST_N_POOLS_OFF: every[KERASDIST_N],
-                      KERASDIST_N: every[KERASDIST_N]}
-    environments = {PLAIN: unset_thread_environment(),
-                    KERASDIST_N_POOLS_OFF: unset_thread_environment(KERASDIST_TF_THREADS="off"),
-                    KERASDIST_N: unset_thread_environment()}
-    print(f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, no thread settings, {os.cpu_count()} CPU(s); "
-          f"{ROUNDS.value} rounds of {', '.join(configurations)} (N = {RANKS.value})", flush=True)
+    configurations = {PLAIN: every[PLAIN], KERASDIST_N_POOLS_OFF: every[KERASDIST_N], KERASDIST_N: every[KERASDIST_N]}
+    environments = {
+        PLAIN: unset_thread_environment(),
+        KERASDIST_N_POOLS_OFF: unset_thread_environment(KERASDIST_TF_THREADS="off"),
+        KERASDIST_N: unset_thread_environment(),
+    }
+    print(
+        f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, no thread settings, {os.cpu_count()} CPU(s); "
+        f"{ROUNDS.value} rounds of {', '.join(configurations)} (N = {RANKS.value})",
+        flush=True,
+    )
     runs = run_rounds(configurations, environments)
-    median = {name: statistics.median(r["images_per_second"] for r in runs if r["configuration"] == name)
-              for name in configurations}
+    median = {
+        name: statistics.median(r["images_per_second"] for r in runs if r["configuration"] == name)
+        for name in configurations
+    }
     print(f"\n{'configuration':<16} {'median img/s':>12}")
     for name in configurations:
         print(f"{name:<16} {median[name]:12.1f}")
-    def pool_ratios(throughput):
-        return {"kerasdist-N / kerasdist-N off": throughput[KERASDIST_N] / throughput[KERASDIST_N_POOLS_OFF],
-                "kerasdist-N off / plain": throughput[KERASDIST_N_POOLS_OFF] / throughput[PLAIN],
-                "kerasdist-N / plain": throughput[KERASDIST_N] / throughput[PLAIN]}
 
-    per_round = [pool_ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
-                 for i in range(ROUNDS.value)]
-    estimates = {"median": pool_ratios(median),
-                 "per round": {key: statistics.median(r[key] for r in per_round) for key in per_round[0]}}
+    def pool_ratios(throughput):
+        return {
+            "kerasdist-N / kerasdist-N off": throughput[KERASDIST_N] / throughput[KERASDIST_N_POOLS_OFF],
+            "kerasdist-N off / plain": throughput[KERASDIST_N_POOLS_OFF] / throughput[PLAIN],
+            "kerasdist-N / plain": throughput[KERASDIST_N] / throughput[PLAIN],
+        }
+
+    per_round = [
+        pool_ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
+        for i in range(ROUNDS.value)
+    ]
+    estimates = {
+        "median": pool_ratios(median),
+        "per round": {key: statistics.median(r[key] for r in per_round) for key in per_round[0]},
+    }
     print(f"\n{'':<32}" + "".join(f"{label:>11}" for label in estimates))
     for key in estimates["median"]:
         print(f"{key:<32}" + "".join(f"{values[key]:11.3f}" for values in estimates.values()))
-    return {"commands": {name: " ".join(command) for name, command in configurations.items()},
-            "summary": {"median_images_per_second": median, "ratios": estimates}, "runs": runs}
+    return {
+        "commands": {name: " ".join(command) for name, command in configurations.items()},
+        "summary": {"median_images_per_second": median, "ratios": estimates},
+        "runs": runs,
+    }
 
 
 def main(argv):
@@ -275,29 +330,48 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if THREAD_POOLS.value:
         result = compare_thread_pools()
-        path = pathlib.Path(JSON_PATH.value if flags.FLAGS["json"].present
-                            else REPO / "bench-results" / "keras_thread_pools.json")
+        path = pathlib.Path(
+            JSON_PATH.value if flags.FLAGS["json"].present else REPO / "bench-results" / "keras_thread_pools.json"
+        )
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"date": datetime.datetime.now().isoformat(timespec="seconds"),
-                                    "model": MODEL.value, "ranks": RANKS.value, **result}, indent=2))
+        path.write_text(
+            json.dumps(
+                {
+                    "date": datetime.datetime.now().isoformat(timespec="seconds"),
+                    "model": MODEL.value,
+                    "ranks": RANKS.value,
+                    **result,
+                },
+                indent=2,
+            )
+        )
         print(f"wrote {path}")
         return
     configurations = commands()
     names = list(configurations)
-    print(f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, {INTRA_OP_THREADS.value} intra-op / "
-          f"{INTER_OP_THREADS.value} inter-op TF thread(s) per rank, {os.cpu_count()} CPU(s); "
-          f"{ROUNDS.value} rounds of {', '.join(names)} (N = {RANKS.value}), "
-          f"{NUM_ITERS.value} x {NUM_BATCHES_PER_ITER.value} timed batches per run", flush=True)
+    print(
+        f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, {INTRA_OP_THREADS.value} intra-op / "
+        f"{INTER_OP_THREADS.value} inter-op TF thread(s) per rank, {os.cpu_count()} CPU(s); "
+        f"{ROUNDS.value} rounds of {', '.join(names)} (N = {RANKS.value}), "
+        f"{NUM_ITERS.value} x {NUM_BATCHES_PER_ITER.value} timed batches per run",
+        flush=True,
+    )
     runs = run_rounds(configurations, {name: thread_environment() for name in names})
     summary = summarize(runs, names)
     print_summary(summary, names)
 
     setup = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"), "model": MODEL.value,
-        "batch_size_per_rank": BATCH_SIZE.value, "ranks": RANKS.value, "rounds": ROUNDS.value,
-        "num_warmup_batches": NUM_WARMUP_BATCHES.value, "num_batches_per_iter": NUM_BATCHES_PER_ITER.value,
-        "num_iters": NUM_ITERS.value, "intra_op_threads": INTRA_OP_THREADS.value,
-        "inter_op_threads": INTER_OP_THREADS.value, "cpus": os.cpu_count(),
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "model": MODEL.value,
+        "batch_size_per_rank": BATCH_SIZE.value,
+        "ranks": RANKS.value,
+        "rounds": ROUNDS.value,
+        "num_warmup_batches": NUM_WARMUP_BATCHES.value,
+        "num_batches_per_iter": NUM_BATCHES_PER_ITER.value,
+        "num_iters": NUM_ITERS.value,
+        "intra_op_threads": INTRA_OP_THREADS.value,
+        "inter_op_threads": INTER_OP_THREADS.value,
+        "cpus": os.cpu_count(),
         "commands": {name: " ".join(command) for name, command in configurations.items()},
     }
     path = pathlib.Path(JSON_PATH.value)

@@ -80,10 +80,9 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
-
-import keras  # noqa: E402
 
 from kerasdist.optimizers import LAMB, LARS  # noqa: E402
 
@@ -111,8 +110,9 @@ CLASSES = 10
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=10, help="epoch budget of every run")
-    parser.add_argument("--seeds", type=int, default=3,
-                        help="seeds per chosen configuration (seed 0 is also the tuning seed)")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="seeds per chosen configuration (seed 0 is also the tuning seed)"
+    )
     parser.add_argument("--warmup_epochs", type=float, default=2.0)
     parser.add_argument("--small_batch", type=int, default=128)
     parser.add_argument("--batch_scale", type=int, default=16, help="large batch / small batch")
@@ -120,22 +120,31 @@ def parse_args(argv=None):
     parser.add_argument("--n_val", type=int, default=8192)
     parser.add_argument("--n_test", type=int, default=16384)
     parser.add_argument("--dim", type=int, default=32)
-    parser.add_argument("--teacher_widths", type=int, nargs="*", default=[32, 32],
-                        help="hidden widths of the random teacher MLP")
+    parser.add_argument(
+        "--teacher_widths", type=int, nargs="*", default=[32, 32], help="hidden widths of the random teacher MLP"
+    )
     parser.add_argument("--width", type=int, default=256, help="student hidden width")
     parser.add_argument("--depth", type=int, default=3, help="student hidden layers")
     parser.add_argument("--label_noise", type=float, default=0.05)
     parser.add_argument("--data_seed", type=int, default=1234)
-    parser.add_argument("--grid_points", type=int, default=None,
-                        help="use only the first N rates of each grid (default: all)")
+    parser.add_argument(
+        "--grid_points", type=int, default=None, help="use only the first N rates of each grid (default: all)"
+    )
     parser.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS))
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads")
-    parser.add_argument("--quick", action="store_true",
-                        help="smoke run (<1 min); overrides the sizes: 8k examples, width 64, "
-                             "batch 16 vs 256, 2 epochs, 2 rates per grid, 1 seed")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="smoke run (<1 min); overrides the sizes: 8k examples, width 64, "
+        "batch 16 vs 256, 2 epochs, 2 rates per grid, 1 seed",
+    )
     parser.add_argument("--out_dir", default="bench-results")
-    parser.add_argument("--replot", metavar="JSON", default=None,
-                        help="train nothing: print the tables and redraw the plot of a saved JSON")
+    parser.add_argument(
+        "--replot",
+        metavar="JSON",
+        default=None,
+        help="train nothing: print the tables and redraw the plot of a saved JSON",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.n_train, args.n_val, args.n_test = 8192, 1024, 1024
@@ -143,8 +152,6 @@ def parse_args(argv=None):
         args.seeds, args.width = 1, 64
         args.grid_points = args.grid_points or 2
     return args
-
-
 
 
 class GradualWarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
@@ -171,8 +178,12 @@ class GradualWarmupCosineDecay(keras.optimizers.schedules.LearningRateSchedule):
         return keras.ops.where(t < self.warmup_steps, ramp, cosine)
 
     def get_config(self):
-        return {"peak": self.peak, "start": self.start, "warmup_steps": self.warmup_steps,
-                "total_steps": self.total_steps}
+        return {
+            "peak": self.peak,
+            "start": self.start,
+            "warmup_steps": self.warmup_steps,
+            "total_steps": self.total_steps,
+        }
 
 
 def make_teacher_task(args):
@@ -192,15 +203,17 @@ def make_teacher_task(args):
     y[noisy] = rng.integers(0, CLASSES, noisy.sum())
     y = y.astype("int32")
     cuts = np.cumsum([args.n_train, args.n_val])
-    return {name: (xs, ys) for name, xs, ys in
-            zip(("train", "val", "test"), np.split(x, cuts), np.split(y, cuts))}
+    return {name: (xs, ys) for name, xs, ys in zip(("train", "val", "test"), np.split(x, cuts), np.split(y, cuts))}
 
 
 def build_student(args):
     layers = [keras.Input((args.dim,))]
     for _ in range(args.depth):
-        layers += [keras.layers.Dense(args.width, use_bias=False), keras.layers.BatchNormalization(),
-                   keras.layers.ReLU()]
+        layers += [
+            keras.layers.Dense(args.width, use_bias=False),
+            keras.layers.BatchNormalization(),
+            keras.layers.ReLU(),
+        ]
     layers.append(keras.layers.Dense(CLASSES))
     return keras.Sequential(layers)
 
@@ -225,8 +238,9 @@ def make_optimizer(method, rate, steps_per_epoch, args):
 
 
 def accuracy(model, x, y):
-    logits = np.concatenate([keras.ops.convert_to_numpy(model(x[i:i + 8192], training=False))
-                             for i in range(0, len(x), 8192)])
+    logits = np.concatenate(
+        [keras.ops.convert_to_numpy(model(x[i : i + 8192], training=False)) for i in range(0, len(x), 8192)]
+    )
     return float(np.mean(logits.argmax(axis=1) == y))
 
 
@@ -261,13 +275,16 @@ def train(method, rate, seed, data, args):
     x, y = data["train"]
     steps_per_epoch = math.ceil(len(x) / batch)
     model = build_student(args)
-    model.compile(optimizer=make_optimizer(method, rate, steps_per_epoch, args),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  jit_compile=False)
+    model.compile(
+        optimizer=make_optimizer(method, rate, steps_per_epoch, args),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        jit_compile=False,
+    )
     recorder = EpochAccuracies(data)
     start = time.perf_counter()
-    history = model.fit(x, y, batch_size=batch, epochs=args.epochs, verbose=0,
-                        callbacks=[keras.callbacks.TerminateOnNaN(), recorder])
+    history = model.fit(
+        x, y, batch_size=batch, epochs=args.epochs, verbose=0, callbacks=[keras.callbacks.TerminateOnNaN(), recorder]
+    )
     seconds = time.perf_counter() - start
     loss = [float(v) for v in history.history["loss"]]
     diverged = not all(math.isfinite(v) for v in loss) or len(loss) < args.epochs
@@ -278,67 +295,91 @@ def train(method, rate, seed, data, args):
     if not diverged:  # after the curves: this changes the model's moving statistics
         recompute_batchnorm_statistics(model, x[:16384])
         recomputed = accuracy(model, *data["test"])
-    return {"seed": seed, "rate": rate, "batch_size": batch, "steps": steps_per_epoch * args.epochs,
-            "val_acc": recorder.val[-1], "test_acc": recorder.test[-1], "test_acc_bn_recomputed": recomputed,
-            "diverged": diverged,
-            "seconds": round(seconds, 1),
-            "curves": {"train_loss": [v if math.isfinite(v) else None for v in loss],
-                       "val_acc": recorder.val, "test_acc": recorder.test}}
+    return {
+        "seed": seed,
+        "rate": rate,
+        "batch_size": batch,
+        "steps": steps_per_epoch * args.epochs,
+        "val_acc": recorder.val[-1],
+        "test_acc": recorder.test[-1],
+        "test_acc_bn_recomputed": recomputed,
+        "diverged": diverged,
+        "seconds": round(seconds, 1),
+        "curves": {
+            "train_loss": [v if math.isfinite(v) else None for v in loss],
+            "val_acc": recorder.val,
+            "test_acc": recorder.test,
+        },
+    }
 
 
 def run_method(method, data, args, say):
-    grid = GRIDS[method][:args.grid_points] if args.grid_points else GRIDS[method]
+    grid = GRIDS[method][: args.grid_points] if args.grid_points else GRIDS[method]
     tuning = []
     for rate in grid:
         run = train(method, rate, 0, data, args)
         tuning.append(run)
-        say(f"  {method:18s} rate {rate:<6g} seed 0: val {run['val_acc']:.4f} "
-            f"test {run['test_acc']:.4f}{' DIVERGED' if run['diverged'] else ''} ({run['seconds']:.0f} s)")
+        say(
+            f"  {method:18s} rate {rate:<6g} seed 0: val {run['val_acc']:.4f} "
+            f"test {run['test_acc']:.4f}{' DIVERGED' if run['diverged'] else ''} ({run['seconds']:.0f} s)"
+        )
     best = max(tuning, key=lambda r: r["val_acc"])
     runs = [best]
     for seed in range(1, args.seeds):
         runs.append(train(method, best["rate"], seed, data, args))
-        say(f"  {method:18s} rate {best['rate']:<6g} seed {seed}: val {runs[-1]['val_acc']:.4f} "
-            f"test {runs[-1]['test_acc']:.4f} ({runs[-1]['seconds']:.0f} s)")
+        say(
+            f"  {method:18s} rate {best['rate']:<6g} seed {seed}: val {runs[-1]['val_acc']:.4f} "
+            f"test {runs[-1]['test_acc']:.4f} ({runs[-1]['seconds']:.0f} s)"
+        )
     tests = [r["test_acc"] for r in runs]
     recomputed = [r["test_acc_bn_recomputed"] for r in runs]
     return {
-        "label": LABELS[method], "batch_size": best["batch_size"], "steps": best["steps"],
-        "grid": grid, "chosen_rate": best["rate"], "chosen_at_grid_edge": best["rate"] in (grid[0], grid[-1]),
+        "label": LABELS[method],
+        "batch_size": best["batch_size"],
+        "steps": best["steps"],
+        "grid": grid,
+        "chosen_rate": best["rate"],
+        "chosen_at_grid_edge": best["rate"] in (grid[0], grid[-1]),
         "tuning": [{k: r[k] for k in ("rate", "val_acc", "test_acc", "diverged")} for r in tuning],
-        "runs": runs, "test_acc_median": statistics.median(tests),
-        "test_acc_min": min(tests), "test_acc_max": max(tests),
+        "runs": runs,
+        "test_acc_median": statistics.median(tests),
+        "test_acc_min": min(tests),
+        "test_acc_max": max(tests),
         "test_acc_bn_recomputed_median": statistics.median(recomputed),
-        "test_acc_bn_recomputed_min": min(recomputed), "test_acc_bn_recomputed_max": max(recomputed),
+        "test_acc_bn_recomputed_min": min(recomputed),
+        "test_acc_bn_recomputed_max": max(recomputed),
         "val_acc_median": statistics.median(r["val_acc"] for r in runs),
         "diverged_runs": sum(r["diverged"] for r in runs),
     }
 
 
 def results_table(results, args):
-    lines = ["| method | batch | steps | rate grid | chosen rate | test acc, median [min, max] | "
-             "val acc (median) | test acc, BN recomputed |",
-             "|---|---:|---:|---|---:|---|---:|---|"]
+    lines = [
+        "| method | batch | steps | rate grid | chosen rate | test acc, median [min, max] | "
+        "val acc (median) | test acc, BN recomputed |",
+        "|---|---:|---:|---|---:|---|---:|---|",
+    ]
     for method, r in results.items():
         edge = " (edge)" if r["chosen_at_grid_edge"] and len(r["grid"]) > 1 else ""
-        chosen = f"{r['chosen_rate']:g}" + (f" (peak {r['chosen_rate'] * args.batch_scale:g})"
-                                            if method in ("sgd_scaled", "sgd_scaled_warmup") else "")
+        chosen = f"{r['chosen_rate']:g}" + (
+            f" (peak {r['chosen_rate'] * args.batch_scale:g})" if method in ("sgd_scaled", "sgd_scaled_warmup") else ""
+        )
         div = f", {r['diverged_runs']} diverged" if r["diverged_runs"] else ""
-        lines.append(f"| {r['label']} | {r['batch_size']} | {r['steps']} | "
-                     f"{', '.join(f'{g:g}' for g in r['grid'])} | {chosen}{edge} | "
-                     f"{r['test_acc_median']:.4f} [{r['test_acc_min']:.4f}, {r['test_acc_max']:.4f}]{div} | "
-                     f"{r['val_acc_median']:.4f} | {r['test_acc_bn_recomputed_median']:.4f} "
-                     f"[{r['test_acc_bn_recomputed_min']:.4f}, {r['test_acc_bn_recomputed_max']:.4f}] |")
+        lines.append(
+            f"| {r['label']} | {r['batch_size']} | {r['steps']} | "
+            f"{', '.join(f'{g:g}' for g in r['grid'])} | {chosen}{edge} | "
+            f"{r['test_acc_median']:.4f} [{r['test_acc_min']:.4f}, {r['test_acc_max']:.4f}]{div} | "
+            f"{r['val_acc_median']:.4f} | {r['test_acc_bn_recomputed_median']:.4f} "
+            f"[{r['test_acc_bn_recomputed_min']:.4f}, {r['test_acc_bn_recomputed_max']:.4f}] |"
+        )
     return "\n".join(lines)
 
 
 def tuning_table(results):
     width = max(len(r["grid"]) for r in results.values())
-    lines = ["| method | " + " | ".join(f"rate {i + 1}" for i in range(width)) + " |",
-             "|---|" + "---|" * width]
+    lines = ["| method | " + " | ".join(f"rate {i + 1}" for i in range(width)) + " |", "|---|" + "---|" * width]
     for r in results.values():
-        cells = [f"{t['rate']:g}: {t['val_acc']:.4f}" + (" (div.)" if t["diverged"] else "")
-                 for t in r["tuning"]]
+        cells = [f"{t['rate']:g}: {t['val_acc']:.4f}" + (" (div.)" if t["diverged"] else "") for t in r["tuning"]]
         lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -346,6 +387,7 @@ def tuning_table(results):
 def save_plot(results, args, path):
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
@@ -354,26 +396,37 @@ def save_plot(results, args, path):
     fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(12, 4.5))
     for r in results.values():
         test = np.array([run["curves"]["test_acc"] for run in r["runs"]])
-        loss = np.array([[np.nan if v is None else v for v in run["curves"]["train_loss"]]
-                         for run in r["runs"]])
+        loss = np.array([[np.nan if v is None else v for v in run["curves"]["train_loss"]] for run in r["runs"]])
         label = f"{r['label']} (batch {r['batch_size']})"
-        line, = ax_acc.plot(epochs, np.median(test, axis=0), marker="o", ms=3, label=label)
+        (line,) = ax_acc.plot(epochs, np.median(test, axis=0), marker="o", ms=3, label=label)
         ax_acc.fill_between(epochs, test.min(axis=0), test.max(axis=0), color=line.get_color(), alpha=0.15)
         ax_loss.plot(epochs, np.nanmedian(loss, axis=0), marker="o", ms=3, color=line.get_color())
-        ax_acc.plot([args.epochs + 0.3], [r["test_acc_bn_recomputed_median"]], marker="D", ms=5,
-                    ls="none", color=line.get_color())
+        ax_acc.plot(
+            [args.epochs + 0.3],
+            [r["test_acc_bn_recomputed_median"]],
+            marker="D",
+            ms=5,
+            ls="none",
+            color=line.get_color(),
+        )
     bayes = 1 - args.label_noise * (CLASSES - 1) / CLASSES
     ax_acc.axhline(bayes, color="grey", ls=":", lw=1, label=f"best possible ({bayes:.3f})")
-    ax_acc.plot([], [], marker="D", ms=5, ls="none", color="grey",
-                label="final, BatchNorm statistics recomputed (median)")
-    ax_acc.set(xlabel="epoch", ylabel="test accuracy (BatchNorm moving statistics)",
-               title="Test accuracy (median over seeds, band: min-max)")
-    ax_loss.set(xlabel="epoch", ylabel="training loss (epoch mean)", yscale="log",
-                title="Training loss (median)")
+    ax_acc.plot(
+        [], [], marker="D", ms=5, ls="none", color="grey", label="final, BatchNorm statistics recomputed (median)"
+    )
+    ax_acc.set(
+        xlabel="epoch",
+        ylabel="test accuracy (BatchNorm moving statistics)",
+        title="Test accuracy (median over seeds, band: min-max)",
+    )
+    ax_loss.set(xlabel="epoch", ylabel="training loss (epoch mean)", yscale="log", title="Training loss (median)")
     fig.legend(*ax_acc.get_legend_handles_labels(), loc="lower center", ncol=3, fontsize=8)
-    fig.suptitle(f"Teacher-student MLP, {args.n_train} examples, {args.epochs} epochs, "
-                 f"batch {args.small_batch} vs {args.small_batch * args.batch_scale}, "
-                 f"{args.seeds} seed(s)", fontsize=10)
+    fig.suptitle(
+        f"Teacher-student MLP, {args.n_train} examples, {args.epochs} epochs, "
+        f"batch {args.small_batch} vs {args.small_batch * args.batch_scale}, "
+        f"{args.seeds} seed(s)",
+        fontsize=10,
+    )
     fig.tight_layout(rect=(0, 0.12, 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -406,9 +459,11 @@ def main(args):
     start = time.perf_counter()
     data = make_teacher_task(args)
     counts = np.bincount(data["train"][1], minlength=CLASSES)
-    say(f"task: {args.n_train}/{args.n_val}/{args.n_test} examples, dim {args.dim}, class frequencies "
+    say(
+        f"task: {args.n_train}/{args.n_val}/{args.n_test} examples, dim {args.dim}, class frequencies "
         f"{counts.min() / len(data['train'][1]):.3f}..{counts.max() / len(data['train'][1]):.3f}; "
-        f"batch {args.small_batch} vs {large}; {args.epochs} epochs; {args.seeds} seed(s)")
+        f"batch {args.small_batch} vs {large}; {args.epochs} epochs; {args.seeds} seed(s)"
+    )
     results = {}
     for method in args.methods:
         results[method] = run_method(method, data, args, say)
@@ -421,13 +476,19 @@ def main(args):
     os.makedirs(args.out_dir, exist_ok=True)
     png = os.path.join(args.out_dir, "large_batch.png")
     plotted = save_plot(results, args, png)
-    out = {"config": {k: v for k, v in vars(args).items()}, "grids": {m: GRIDS[m] for m in args.methods},
-           "wall_seconds": round(wall, 1), "results": results}
+    out = {
+        "config": {k: v for k, v in vars(args).items()},
+        "grids": {m: GRIDS[m] for m in args.methods},
+        "wall_seconds": round(wall, 1),
+        "results": results,
+    }
     json_path = os.path.join(args.out_dir, "large_batch.json")
     with open(json_path, "w") as f:
         json.dump(out, f, indent=1)
-    say(f"\nwall time {wall:.0f} s; wrote {json_path}"
-        + (f" and {png}" if plotted else " (matplotlib not installed: no plot)"))
+    say(
+        f"\nwall time {wall:.0f} s; wrote {json_path}"
+        + (f" and {png}" if plotted else " (matplotlib not installed: no plot)")
+    )
     return out
 
 

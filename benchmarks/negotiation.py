@@ -68,10 +68,20 @@ def main():
         raw_samples.append(timed(raw, 2 * args.iterations))
         ours_samples.append(timed(lambda: alternating(x, iterations), 2 * args.iterations))
     if COMM.rank == 0:
-        print("NEGOTIATION " + json.dumps({
-            "ranks": COMM.size, "cache_capacity": int(os.environ.get("KERASDIST_CACHE_CAPACITY", "1024")),
-            "raw_s": statistics.median(raw_samples), "ours_s": statistics.median(ours_samples),
-            "raw_samples": raw_samples, "ours_samples": ours_samples}), flush=True)
+        print(
+            "NEGOTIATION "
+            + json.dumps(
+                {
+                    "ranks": COMM.size,
+                    "cache_capacity": int(os.environ.get("KERASDIST_CACHE_CAPACITY", "1024")),
+                    "raw_s": statistics.median(raw_samples),
+                    "ours_s": statistics.median(ours_samples),
+                    "raw_samples": raw_samples,
+                    "ours_samples": ours_samples,
+                }
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

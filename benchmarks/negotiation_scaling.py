@@ -55,11 +55,28 @@ def run_at(env_file, ranks, capacity, args):
     hosts = env_file["NETNS_CLUSTER_HOSTS"].split(",")
     host_count = min(ranks, MAX_HOSTS)
     per_host = math.ceil(ranks / host_count)
-    argv = ["timeout", "--kill-after=10", str(args.job_timeout_s), sys.executable, "-m", "kerasdist.run",
-            "-np", str(ranks), "-H", ",".join(f"{h}:{per_host}" for h in hosts[:host_count]),
-            "--launcher-exec", env_file["NETNS_CLUSTER_LAUNCHER"], "--network-interface",
-            env_file["NETNS_CLUSTER_IFACE"], sys.executable, str(RANK_BENCH), "--repeats", str(args.repeats),
-            "--iterations", str(args.iterations)]
+    argv = [
+        "timeout",
+        "--kill-after=10",
+        str(args.job_timeout_s),
+        sys.executable,
+        "-m",
+        "kerasdist.run",
+        "-np",
+        str(ranks),
+        "-H",
+        ",".join(f"{h}:{per_host}" for h in hosts[:host_count]),
+        "--launcher-exec",
+        env_file["NETNS_CLUSTER_LAUNCHER"],
+        "--network-interface",
+        env_file["NETNS_CLUSTER_IFACE"],
+        sys.executable,
+        str(RANK_BENCH),
+        "--repeats",
+        str(args.repeats),
+        "--iterations",
+        str(args.iterations),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KERASDIST_")}
     env.update(UCX_TLS="tcp", OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
     if capacity is not None:
@@ -68,7 +85,7 @@ def run_at(env_file, ranks, capacity, args):
     lines = [line for line in done.stdout.splitlines() if line.startswith("NEGOTIATION ")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"failed ({done.returncode}): {' '.join(argv)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("NEGOTIATION "):])
+    return json.loads(lines[-1][len("NEGOTIATION ") :])
 
 
 def fit(xs, ys):
@@ -80,8 +97,21 @@ def fit(xs, ys):
 def main():
     args = parse_args()
     previous = signal.signal(signal.SIGTERM, _interrupt)
-    made = subprocess.run([str(CLUSTER_SCRIPT), "up", "--hosts", str(MAX_HOSTS), "--slots", str(max(args.ranks)),
-                           "--owner", str(os.getpid())], capture_output=True, text=True, timeout=120)
+    made = subprocess.run(
+        [
+            str(CLUSTER_SCRIPT),
+            "up",
+            "--hosts",
+            str(MAX_HOSTS),
+            "--slots",
+            str(max(args.ranks)),
+            "--owner",
+            str(os.getpid()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if made.returncode != 0:
         raise SystemExit(f"cannot make the test cluster: {made.stderr.strip()}")
     directory = made.stdout.strip().splitlines()[-1]
@@ -92,39 +122,59 @@ def main():
             fast = run_at(env_file, ranks, None, args)
             slow = run_at(env_file, ranks, 1, args)
             # The fastest repeat: with more ranks than cores, time waiting for a core only ever adds.
-            row = {"ranks": ranks, "raw_us": 1e6 * min(fast["raw_samples"] + slow["raw_samples"]),
-                   "fast_us": 1e6 * min(fast["ours_samples"]), "slow_us": 1e6 * min(slow["ours_samples"]),
-                   "median_us": {"raw": 1e6 * statistics.median(fast["raw_samples"] + slow["raw_samples"]),
-                                 "fast": 1e6 * fast["ours_s"], "slow": 1e6 * slow["ours_s"]},
-                   "fast": fast, "slow": slow, "load": os.getloadavg()[0]}
+            row = {
+                "ranks": ranks,
+                "raw_us": 1e6 * min(fast["raw_samples"] + slow["raw_samples"]),
+                "fast_us": 1e6 * min(fast["ours_samples"]),
+                "slow_us": 1e6 * min(slow["ours_samples"]),
+                "median_us": {
+                    "raw": 1e6 * statistics.median(fast["raw_samples"] + slow["raw_samples"]),
+                    "fast": 1e6 * fast["ours_s"],
+                    "slow": 1e6 * slow["ours_s"],
+                },
+                "fast": fast,
+                "slow": slow,
+                "load": os.getloadavg()[0],
+            }
             rows.append(row)
-            print(f"  {ranks:3d} ranks: raw {row['raw_us']:8.1f} us  fast {row['fast_us']:8.1f} us  "
-                  f"slow {row['slow_us']:8.1f} us  (load {row['load']:.1f})", flush=True)
+            print(
+                f"  {ranks:3d} ranks: raw {row['raw_us']:8.1f} us  fast {row['fast_us']:8.1f} us  "
+                f"slow {row['slow_us']:8.1f} us  (load {row['load']:.1f})",
+                flush=True,
+            )
     finally:
         subprocess.run([str(CLUSTER_SCRIPT), "down", directory], capture_output=True, timeout=120)
         signal.signal(signal.SIGTERM, previous)
 
     print("\nµs per op, fastest of the repeats (median in brackets)\n")
-    print("| ranks (hosts) | raw MPI 4-byte allreduce | kerasdist, fast path | kerasdist, slow path | "
-          "fast - raw | slow - fast | load |")
+    print(
+        "| ranks (hosts) | raw MPI 4-byte allreduce | kerasdist, fast path | kerasdist, slow path | "
+        "fast - raw | slow - fast | load |"
+    )
     print("|---|---|---|---|---|---|---|")
     for row in rows:
         median = row["median_us"]
-        print(f"| {row['ranks']} ({min(row['ranks'], MAX_HOSTS)}) | {row['raw_us']:.0f} ({median['raw']:.0f}) | "
-              f"{row['fast_us']:.0f} ({median['fast']:.0f}) | {row['slow_us']:.0f} ({median['slow']:.0f}) | "
-              f"{row['fast_us'] - row['raw_us']:.0f} | {row['slow_us'] - row['fast_us']:.0f} | {row['load']:.1f} |")
+        print(
+            f"| {row['ranks']} ({min(row['ranks'], MAX_HOSTS)}) | {row['raw_us']:.0f} ({median['raw']:.0f}) | "
+            f"{row['fast_us']:.0f} ({median['fast']:.0f}) | {row['slow_us']:.0f} ({median['slow']:.0f}) | "
+            f"{row['fast_us'] - row['raw_us']:.0f} | {row['slow_us'] - row['fast_us']:.0f} | {row['load']:.1f} |"
+        )
     model = {}
     if len(rows) >= 2:
         model["fast"] = fit([math.log2(r["ranks"]) for r in rows], [r["fast_us"] - r["raw_us"] for r in rows])
         model["slow"] = fit([r["ranks"] for r in rows], [r["slow_us"] - r["fast_us"] for r in rows])
         model["raw"] = fit([math.log2(r["ranks"]) for r in rows], [r["raw_us"] for r in rows])
         (a, b), (c, d), (e, f) = model["fast"], model["slow"], model["raw"]
-        print(f"\nfits (µs): fast - raw = {a:.0f} + {b:.0f}·log2 P;  slow - fast = {c:.0f} + {d:.1f}·P;  "
-              f"raw = {e:.0f} + {f:.0f}·log2 P")
+        print(
+            f"\nfits (µs): fast - raw = {a:.0f} + {b:.0f}·log2 P;  slow - fast = {c:.0f} + {d:.1f}·P;  "
+            f"raw = {e:.0f} + {f:.0f}·log2 P"
+        )
         for ranks in (1024, 4096):
-            print(f"  at {ranks} ranks: fast-path overhead {a + b * math.log2(ranks):.0f} µs per cycle; "
-                  "slow-path extra "
-                  f"{(c + d * ranks) / 1e3:.1f} ms per cycle that has first-seen requests")
+            print(
+                f"  at {ranks} ranks: fast-path overhead {a + b * math.log2(ranks):.0f} µs per cycle; "
+                "slow-path extra "
+                f"{(c + d * ranks) / 1e3:.1f} ms per cycle that has first-seen requests"
+            )
     path = pathlib.Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"rows": rows, "model_us": model, "cpus": os.cpu_count()}, indent=2))

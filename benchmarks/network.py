@@ -54,11 +54,21 @@ def parse_args():
     parser.add_argument("--rounds", type=int, default=2, help="training runs per configuration, in turns")
     parser.add_argument("--num_iters", type=int, default=5, help="timed iterations of 10 batches per run")
     parser.add_argument("--repeats", type=int, default=5, help="repeats of each allreduce case")
-    parser.add_argument("--bucket_mb", type=float, nargs="*", default=[],
-                        help="more gradient bucket sizes to train with in the overlap runs (MiB)")
-    parser.add_argument("--skip", nargs="*", default=[], choices=["allreduce", "training", "overlap", "unshaped"],
-                        help="overlap: the training runs with gradient buckets off and without communication; "
-                             "unshaped: the unshaped link")
+    parser.add_argument(
+        "--bucket_mb",
+        type=float,
+        nargs="*",
+        default=[],
+        help="more gradient bucket sizes to train with in the overlap runs (MiB)",
+    )
+    parser.add_argument(
+        "--skip",
+        nargs="*",
+        default=[],
+        choices=["allreduce", "training", "overlap", "unshaped"],
+        help="overlap: the training runs with gradient buckets off and without communication; "
+        "unshaped: the unshaped link",
+    )
     parser.add_argument("--job_timeout_s", type=int, default=900)
     parser.add_argument("--json", default=str(REPO / "bench-results" / "network.json"))
     return parser.parse_args()
@@ -71,8 +81,12 @@ class Cluster:
     """A 2-host cluster of scripts/netns_cluster.sh, removed by down()."""
 
     def __init__(self):
-        made = subprocess.run([str(CLUSTER_SCRIPT), "up", "--hosts", "2", "--owner", str(os.getpid())],
-                              capture_output=True, text=True, timeout=120)
+        made = subprocess.run(
+            [str(CLUSTER_SCRIPT), "up", "--hosts", "2", "--owner", str(os.getpid())],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         if made.returncode != 0:
             raise SystemExit(f"cannot make the test cluster: {made.stderr.strip()}")
         directory = pathlib.Path(made.stdout.strip().splitlines()[-1])
@@ -80,8 +94,12 @@ class Cluster:
         self.hosts = self.env["NETNS_CLUSTER_HOSTS"].split(",")
 
     def shape(self, rate):
-        subprocess.run([str(CLUSTER_SCRIPT), "shape", self.env["NETNS_CLUSTER_DIR"], rate], check=True,
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [str(CLUSTER_SCRIPT), "shape", self.env["NETNS_CLUSTER_DIR"], rate],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
     def down(self):
         subprocess.run([str(CLUSTER_SCRIPT), "down", self.env["NETNS_CLUSTER_DIR"]], capture_output=True, timeout=120)
@@ -91,9 +109,21 @@ class Cluster:
 
     def launch(self, command, extra_flags=(), env=None):
         """Runs ``command`` as 2 ranks, one per host; returns its stdout (fails loudly)."""
-        argv = [sys.executable, "-m", "kerasdist.run", "-np", "2", "-H", ",".join(f"{h}:1" for h in self.hosts),
-                "--launcher-exec", self.env["NETNS_CLUSTER_LAUNCHER"], "--network-interface",
-                self.env["NETNS_CLUSTER_IFACE"], *extra_flags, *command]
+        argv = [
+            sys.executable,
+            "-m",
+            "kerasdist.run",
+            "-np",
+            "2",
+            "-H",
+            ",".join(f"{h}:1" for h in self.hosts),
+            "--launcher-exec",
+            self.env["NETNS_CLUSTER_LAUNCHER"],
+            "--network-interface",
+            self.env["NETNS_CLUSTER_IFACE"],
+            *extra_flags,
+            *command,
+        ]
         return run(argv, {**job_environment(), "UCX_TLS": "tcp", **(env or {})})
 
 
@@ -104,29 +134,39 @@ def job_environment():
 
 
 def run(argv, env):
-    done = subprocess.run(["timeout", "--kill-after=10", str(ARGS.job_timeout_s), *map(str, argv)], env=env,
-                          cwd=REPO, capture_output=True, text=True)
+    done = subprocess.run(
+        ["timeout", "--kill-after=10", str(ARGS.job_timeout_s), *map(str, argv)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
-        sys.stderr.write(f"\nfailed ({done.returncode}): {' '.join(map(str, argv))}\n{done.stdout[-3000:]}\n"
-                         f"{done.stderr[-3000:]}\n")
+        sys.stderr.write(
+            f"\nfailed ({done.returncode}): {' '.join(map(str, argv))}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n"
+        )
         raise SystemExit(1)
     return done.stdout
 
 
 # ---- the link itself --------------------------------------------------------------------------
 
-STREAM_RECEIVER = ("import socket, time; s = socket.create_server(('', 5301)); c, _ = s.accept(); "
-                   "b = bytearray(1 << 20); n = 0; t = time.perf_counter()\n"
-                   "while (k := c.recv_into(b)): n += k\n"
-                   "print(n * 8 / (time.perf_counter() - t) / 1e9)")
+STREAM_RECEIVER = (
+    "import socket, time; s = socket.create_server(('', 5301)); c, _ = s.accept(); "
+    "b = bytearray(1 << 20); n = 0; t = time.perf_counter()\n"
+    "while (k := c.recv_into(b)): n += k\n"
+    "print(n * 8 / (time.perf_counter() - t) / 1e9)"
+)
 
 
 def tcp_stream_gbits(cluster, megabytes):
     """One TCP stream from host 0 to host 1: Gbit/s as the receiver saw it."""
     receiver = cluster.on_host(cluster.hosts[1], f'python3 -c "{STREAM_RECEIVER}"', stdout=subprocess.PIPE, text=True)
     time.sleep(0.5)
-    sender = (f"import socket; c = socket.create_connection(('{cluster.hosts[1]}', 5301)); d = bytes(1 << 20)\n"
-              f"for _ in range({megabytes}): c.sendall(d)\nc.close()")
+    sender = (
+        f"import socket; c = socket.create_connection(('{cluster.hosts[1]}', 5301)); d = bytes(1 << 20)\n"
+        f"for _ in range({megabytes}): c.sendall(d)\nc.close()"
+    )
     cluster.on_host(cluster.hosts[0], f'python3 -c "{sender}"').wait(timeout=120)
     return float(receiver.communicate(timeout=120)[0])
 
@@ -138,20 +178,25 @@ def measure_link(cluster, rate):
 
 # ---- allreduce --------------------------------------------------------------------------------
 
+
 def bench_allreduce(cluster):
     with tempfile.TemporaryDirectory() as scratch:
         fused_json, unfused_json = pathlib.Path(scratch, "fused.json"), pathlib.Path(scratch, "unfused.json")
         common = [sys.executable, RANK_BENCH, "--repeats", str(ARGS.repeats)]
         print(cluster.launch([*common, "--json", fused_json]), flush=True)
-        print(cluster.launch([*common, "--only", "many", "--json", unfused_json],
-                             extra_flags=["--fusion-threshold-mb", "0"]),
-              flush=True)
+        print(
+            cluster.launch(
+                [*common, "--only", "many", "--json", unfused_json], extra_flags=["--fusion-threshold-mb", "0"]
+            ),
+            flush=True,
+        )
         fused, unfused = json.loads(fused_json.read_text()), json.loads(unfused_json.read_text())
     fused["many_unfused"] = unfused["many"]
     return fused
 
 
 # ---- training ---------------------------------------------------------------------------------
+
 
 def merged_seconds(intervals):
     """Total length of the union of (start, end) intervals."""
@@ -179,18 +224,27 @@ def timeline_summary(timeline_path, steps):
     bucket, each as soon as backprop has produced its gradients)."""
     events = [e for e in read_timeline(timeline_path) if e.get("ph") == "X"]
     intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "allreduce"]
-    return {"communication_ms_per_step": merged_seconds(intervals) / 1e3 / steps if intervals else None,
-            "requests_per_step": sum(1 for e in events if e.get("name") == "queued") / steps}
+    return {
+        "communication_ms_per_step": merged_seconds(intervals) / 1e3 / steps if intervals else None,
+        "requests_per_step": sum(1 for e in events if e.get("name") == "queued") / steps,
+    }
 
 
 def example_command(model):
-    return [sys.executable, EXAMPLE, f"--model={model}", f"--batch_size={ARGS.batch_size}", "--num_warmup_batches=10",
-            "--num_batches_per_iter=10", f"--num_iters={ARGS.num_iters}"]
+    return [
+        sys.executable,
+        EXAMPLE,
+        f"--model={model}",
+        f"--batch_size={ARGS.batch_size}",
+        "--num_warmup_batches=10",
+        "--num_batches_per_iter=10",
+        f"--num_iters={ARGS.num_iters}",
+    ]
 
 
 def result_line(output):
     lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def train_one_process(model):
@@ -218,8 +272,10 @@ def train_two_hosts_apart(cluster, model):
 TWO_HOST_RUNS = {
     "kerasdist": train_two_hosts,
     "buckets off": lambda cluster, model: train_two_hosts(cluster, model, ["--bucket-mb", "0"]),
-    **{f"buckets {mb:g} MiB": (lambda cluster, model, mb=mb: train_two_hosts(cluster, model, ["--bucket-mb", str(mb)]))
-       for mb in ARGS.bucket_mb},
+    **{
+        f"buckets {mb:g} MiB": (lambda cluster, model, mb=mb: train_two_hosts(cluster, model, ["--bucket-mb", str(mb)]))
+        for mb in ARGS.bucket_mb
+    },
     "no communication": train_two_hosts_apart,
 }
 
@@ -231,23 +287,31 @@ def bench_training(cluster, links):
         for model in ARGS.models:
             single = train_one_process(model)
             runs.append({"round": round_index, "model": model, "link": "one process", **single})
-            print(f"  round {round_index + 1} {model:<15} one process  {single['step_ms']:7.1f} ms/step "
-                  f"(CPU {single['cpu_ms_per_step_per_rank']:.1f}; load {os.getloadavg()[0]:.1f})", flush=True)
+            print(
+                f"  round {round_index + 1} {model:<15} one process  {single['step_ms']:7.1f} ms/step "
+                f"(CPU {single['cpu_ms_per_step_per_rank']:.1f}; load {os.getloadavg()[0]:.1f})",
+                flush=True,
+            )
             for label, rate in links:
                 cluster.shape(rate)
                 for configuration in configurations:
                     two = TWO_HOST_RUNS[configuration](cluster, model)
-                    runs.append({"round": round_index, "model": model, "link": label,
-                                 "configuration": configuration, **two})
+                    runs.append(
+                        {"round": round_index, "model": model, "link": label, "configuration": configuration, **two}
+                    )
                     comm = two.get("communication_ms_per_step")
-                    print(f"  round {round_index + 1} {model:<15} 2 hosts, {label:<9} {configuration:<16} "
-                          f"{two['step_ms']:7.1f} ms/step (CPU {two['cpu_ms_per_step_per_rank']:.1f}), MPI "
-                          f"{comm if comm is None else round(comm, 2)} ms/step, "
-                          f"{two.get('requests_per_step', 0):.2f} requests per step", flush=True)
+                    print(
+                        f"  round {round_index + 1} {model:<15} 2 hosts, {label:<9} {configuration:<16} "
+                        f"{two['step_ms']:7.1f} ms/step (CPU {two['cpu_ms_per_step_per_rank']:.1f}), MPI "
+                        f"{comm if comm is None else round(comm, 2)} ms/step, "
+                        f"{two.get('requests_per_step', 0):.2f} requests per step",
+                        flush=True,
+                    )
     return runs
 
 
 # ---- tables -----------------------------------------------------------------------------------
+
 
 def human(nbytes):
     return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
@@ -259,9 +323,11 @@ def print_allreduce_tables(label, gbits, results):
     print("|---|---|---|---|---|---|---|")
     for row in results["sizes"]:
         limit_s = row["bytes"] * 8 / (gbits * 1e9)
-        print(f"| {row['op']} | {human(row['bytes'])} | {limit_s * 1e3:.3f} ms | {row['raw_s'] * 1e3:.3f} ms | "
-              f"{row['ours_s'] * 1e3:.3f} ms | {row['ratio']:.2f} ({row['ratio_low']:.2f}–{row['ratio_high']:.2f}) | "
-              f"{limit_s / row['ours_s']:.2f} |")
+        print(
+            f"| {row['op']} | {human(row['bytes'])} | {limit_s * 1e3:.3f} ms | {row['raw_s'] * 1e3:.3f} ms | "
+            f"{row['ours_s'] * 1e3:.3f} ms | {row['ratio']:.2f} ({row['ratio_low']:.2f}–{row['ratio_high']:.2f}) | "
+            f"{limit_s / row['ours_s']:.2f} |"
+        )
     fused, unfused = results["many"], results["many_unfused"]
     print(f"\n| {fused['tensors']} × {human(fused['bytes'] // fused['tensors'])} per step | ms |")
     print("|---|---|")
@@ -276,20 +342,26 @@ def print_allreduce_tables(label, gbits, results):
     print("|---|---|---|---|---|---|---|---|")
     for row in results["compression"]:
         limit_ms = row["bytes"] * 8 / (gbits * 1e9) * 1e3
-        print(f"| {human(row['bytes'])} | {limit_ms:.1f} ms | {row['raw'] * 1e3:.1f} ms | {row['none'] * 1e3:.1f} ms | "
-              f"{row['fp16'] * 1e3:.1f} ms | {row['bf16'] * 1e3:.1f} ms | {row['none'] / row['fp16']:.2f}× | "
-              f"{row['none'] / row['bf16']:.2f}× |")
+        print(
+            f"| {human(row['bytes'])} | {limit_ms:.1f} ms | {row['raw'] * 1e3:.1f} ms | {row['none'] * 1e3:.1f} ms | "
+            f"{row['fp16'] * 1e3:.1f} ms | {row['bf16'] * 1e3:.1f} ms | {row['none'] / row['fp16']:.2f}× | "
+            f"{row['none'] / row['bf16']:.2f}× |"
+        )
 
 
 def print_training_table(runs, links, link_gbits):
     print("\n### Training: model.fit, 64 images per rank, medians over rounds\n")
-    print("step: wall ms per step (slowest rank); CPU: CPU ms per step of a rank (all its threads), which "
-          "other processes on the machine disturb far less; MPI: union of the timeline's allreduce phases "
-          "per step; added: 2-host step - one-process step; requests: collectives negotiated per step "
-          "(one grouped request per gradient bucket); E(2) = 2-host "
-          "throughput / (2 x one process).\n")
-    print("| model | parameters | link | gradient at link rate | 1 process step (CPU) | 2 hosts step (CPU) | "
-          "MPI | added | requests | E(2) |")
+    print(
+        "step: wall ms per step (slowest rank); CPU: CPU ms per step of a rank (all its threads), which "
+        "other processes on the machine disturb far less; MPI: union of the timeline's allreduce phases "
+        "per step; added: 2-host step - one-process step; requests: collectives negotiated per step "
+        "(one grouped request per gradient bucket); E(2) = 2-host "
+        "throughput / (2 x one process).\n"
+    )
+    print(
+        "| model | parameters | link | gradient at link rate | 1 process step (CPU) | 2 hosts step (CPU) | "
+        "MPI | added | requests | E(2) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for model in ARGS.models:
         mine = [r for r in runs if r["model"] == model]
@@ -303,28 +375,42 @@ def print_training_table(runs, links, link_gbits):
         parameters = mine[0]["parameters"]
         for label, _ in links:
             two = [r for r in mine if r["link"] == label and r.get("configuration", "kerasdist") == "kerasdist"]
-            step, cpu, comm = median_of(two, "step_ms"), median_of(two, "cpu_ms_per_step_per_rank"), \
-                median_of(two, "communication_ms_per_step")
+            step, cpu, comm = (
+                median_of(two, "step_ms"),
+                median_of(two, "cpu_ms_per_step_per_rank"),
+                median_of(two, "communication_ms_per_step"),
+            )
             requests = median_of(two, "requests_per_step")
             efficiency = median_of(two, "images_per_second") / (2 * median_of(alone, "images_per_second"))
             wire_ms = parameters * 4 * 8 / (link_gbits[label] * 1e9) * 1e3
-            print(f"| {model} | {parameters:,} | {label} | {wire_ms:.1f} ms | {single_step:.1f} ({single_cpu:.1f}) | "
-                  f"{step:.1f} ({cpu:.1f}) | {comm:.1f} | {step - single_step:.1f} | {requests:.2f} | "
-                  f"{efficiency:.2f} |")
+            print(
+                f"| {model} | {parameters:,} | {label} | {wire_ms:.1f} ms | {single_step:.1f} ({single_cpu:.1f}) | "
+                f"{step:.1f} ({cpu:.1f}) | {comm:.1f} | {step - single_step:.1f} | {requests:.2f} | "
+                f"{efficiency:.2f} |"
+            )
 
 
 def print_overlap_table(runs, links):
     print("\n### Overlap: how much of the communication a step still waits for\n")
-    print("apart: both hosts training plain Keras at once, never communicating (the compute a step "
-          "needs here); MPI: union of the timeline's allreduce phases per step, buckets on; exposed: "
-          "step - apart; hidden share: 1 - exposed / MPI (target >= 0.5). Medians over rounds.\n")
+    print(
+        "apart: both hosts training plain Keras at once, never communicating (the compute a step "
+        "needs here); MPI: union of the timeline's allreduce phases per step, buckets on; exposed: "
+        "step - apart; hidden share: 1 - exposed / MPI (target >= 0.5). Medians over rounds.\n"
+    )
     print("| model | link | gradient buckets | apart | step | MPI | max(apart, MPI) | exposed | hidden share |")
     print("|---|---|---|---|---|---|---|---|---|")
     for model in ARGS.models:
         for label, _ in links:
+
             def step(configuration, key="step_ms", model=model, label=label):
-                values = [r[key] for r in runs if r["model"] == model and r["link"] == label
-                          and r.get("configuration") == configuration and r.get(key) is not None]
+                values = [
+                    r[key]
+                    for r in runs
+                    if r["model"] == model
+                    and r["link"] == label
+                    and r.get("configuration") == configuration
+                    and r.get(key) is not None
+                ]
                 return statistics.median(values) if values else float("nan")
 
             apart = step("no communication")
@@ -333,8 +419,10 @@ def print_overlap_table(runs, links):
                     continue
                 on, comm = step(configuration), step(configuration, "communication_ms_per_step")
                 shown = "default (KERASDIST_BUCKET_BYTES)" if configuration == "kerasdist" else configuration
-                print(f"| {model} | {label} | {shown} | {apart:.1f} | {on:.1f} | {comm:.1f} | {max(apart, comm):.1f} | "
-                      f"{on - apart:.1f} | {1 - (on - apart) / comm:.2f} |")
+                print(
+                    f"| {model} | {label} | {shown} | {apart:.1f} | {on:.1f} | {comm:.1f} | {max(apart, comm):.1f} | "
+                    f"{on - apart:.1f} | {1 - (on - apart) / comm:.2f} |"
+                )
 
 
 def _interrupt(signum, _frame):

@@ -35,8 +35,9 @@ KIB = 1024
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=["sizes", "many", "compression"],
-                        default=["sizes", "many", "compression"])
+    parser.add_argument(
+        "--only", nargs="+", choices=["sizes", "many", "compression"], default=["sizes", "many", "compression"]
+    )
     parser.add_argument("--sizes_kib", type=int, nargs="+", default=[4, 64, 1024, 4096, 16384, 65536])
     parser.add_argument("--compression_sizes_kib", type=int, nargs="+", default=[1024, 16384])
     parser.add_argument("--many_tensors", type=int, default=160)
@@ -140,6 +141,7 @@ def raw_allreduce(buf, average):
             COMM.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)
             if average:
                 np.multiply(buf, scale, out=buf)
+
     return run
 
 
@@ -153,15 +155,28 @@ def bench_sizes():
             check_sum(elems)
             buf = np.zeros(elems, np.float32)
             x = tf.zeros([elems], tf.float32)
-            results = compare({"raw": raw_allreduce(buf, op_name == "Average"),
-                               "ours": lambda n, x=x, op=op: chained(x, tf.constant(n), op)})
+            results = compare(
+                {
+                    "raw": raw_allreduce(buf, op_name == "Average"),
+                    "ours": lambda n, x=x, op=op: chained(x, tf.constant(n), op),
+                }
+            )
             ratio, low, high = ratio_to_raw(results, "ours")
             nbytes = elems * 4
-            row = {"op": op_name, "bytes": nbytes, "raw_s": results["raw"]["seconds"],
-                   "ours_s": results["ours"]["seconds"], "ratio": ratio, "ratio_low": low, "ratio_high": high}
+            row = {
+                "op": op_name,
+                "bytes": nbytes,
+                "raw_s": results["raw"]["seconds"],
+                "ours_s": results["ours"]["seconds"],
+                "ratio": ratio,
+                "ratio_low": low,
+                "ratio_high": high,
+            }
             rows.append(row)
-            say(f"{op_name:<8} {human(nbytes):>8} {row['raw_s'] * 1e3:8.3f}ms {row['ours_s'] * 1e3:8.3f}ms "
-                f"{ratio:9.2f} {low:5.2f}-{high:<5.2f} {nbytes * 8 / row['ours_s'] / 1e9:11.2f}")
+            say(
+                f"{op_name:<8} {human(nbytes):>8} {row['raw_s'] * 1e3:8.3f}ms {row['ours_s'] * 1e3:8.3f}ms "
+                f"{ratio:9.2f} {low:5.2f}-{high:<5.2f} {nbytes * 8 / row['ours_s'] / 1e9:11.2f}"
+            )
     return rows
 
 
@@ -177,8 +192,9 @@ def bench_many():
             xs = kd.grouped_allreduce(xs, op=kd.Sum)
         return xs
 
-    outs = tf.function(lambda: kd.grouped_allreduce([tf.fill(s, float(RANK + i)) for i, s in enumerate(shapes)],
-                                                    op=kd.Sum))()
+    outs = tf.function(
+        lambda: kd.grouped_allreduce([tf.fill(s, float(RANK + i)) for i, s in enumerate(shapes)], op=kd.Sum)
+    )()
     for i, out in enumerate(outs):
         if not np.all(out.numpy() == SIZE * i + SIZE * (SIZE - 1) / 2):
             raise SystemExit(f"rank {RANK}: wrong grouped result for tensor {i}")
@@ -190,15 +206,26 @@ def bench_many():
             for b in bufs:
                 COMM.Allreduce(MPI.IN_PLACE, b, op=MPI.SUM)
 
-    results = compare({"raw per tensor": raw_per_tensor, "raw flat": raw_allreduce(flat, False),
-                       "grouped": lambda n: grouped(tf.constant(n))})
-    say(f"\n{len(shapes)} x {ARGS.many_tensor_kib} KiB ({human(total)}), KERASDIST_FUSION_THRESHOLD={threshold}: "
-        f"ms per step (median of {ARGS.repeats})")
+    results = compare(
+        {
+            "raw per tensor": raw_per_tensor,
+            "raw flat": raw_allreduce(flat, False),
+            "grouped": lambda n: grouped(tf.constant(n)),
+        }
+    )
+    say(
+        f"\n{len(shapes)} x {ARGS.many_tensor_kib} KiB ({human(total)}), KERASDIST_FUSION_THRESHOLD={threshold}: "
+        f"ms per step (median of {ARGS.repeats})"
+    )
     for name, r in results.items():
         say(f"  {name:<16} {r['seconds'] * 1e3:8.2f} ms")
-    return {"threshold": threshold, "tensors": len(shapes), "bytes": total,
-            "seconds": {name: r["seconds"] for name, r in results.items()},
-            "samples": {name: r["samples"] for name, r in results.items()}}
+    return {
+        "threshold": threshold,
+        "tensors": len(shapes),
+        "bytes": total,
+        "seconds": {name: r["seconds"] for name, r in results.items()},
+        "samples": {name: r["samples"] for name, r in results.items()},
+    }
 
 
 def bench_compression():
@@ -220,8 +247,10 @@ def bench_compression():
 
 
 def main():
-    say(f"network_allreduce: {SIZE} ranks, {MPI.Get_library_version().splitlines()[0].strip()}, "
-        f"UCX_TLS={os.environ.get('UCX_TLS', 'unset')}")
+    say(
+        f"network_allreduce: {SIZE} ranks, {MPI.Get_library_version().splitlines()[0].strip()}, "
+        f"UCX_TLS={os.environ.get('UCX_TLS', 'unset')}"
+    )
     results = {"ranks": SIZE}
     if "sizes" in ARGS.only:
         results["sizes"] = bench_sizes()

@@ -5,10 +5,10 @@ model is an MLP on scikit-learn's bundled digits; every rank trains on its own s
 
     .venv/bin/kerasdist-run -np 2 examples/custom_loop.py   # each rank runs it under the launcher's Python
 """
-from absl import app, flags
 
 import keras
 import tensorflow as tf
+from absl import app, flags
 
 import kerasdist
 from kerasdist.models import mlp
@@ -26,12 +26,16 @@ def main(_):
     kerasdist.init()
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")
-    x_train, x_test, y_train, y_test = train_test_split(x, digits.target, test_size=0.25, random_state=SEED.value,
-                                                        stratify=digits.target)
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, digits.target, test_size=0.25, random_state=SEED.value, stratify=digits.target
+    )
     x_train, y_train = kerasdist.data.shard((x_train, y_train), batch_size=BATCH.value)
     x_test, y_test = kerasdist.data.shard((x_test, y_test))
-    train = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-             .shuffle(len(x_train), seed=kerasdist.data.seed_for_rank(SEED.value)).batch(BATCH.value))
+    train = (
+        tf.data.Dataset.from_tensor_slices((x_train, y_train))
+        .shuffle(len(x_train), seed=kerasdist.data.seed_for_rank(SEED.value))
+        .batch(BATCH.value)
+    )
 
     keras.utils.set_random_seed(SEED.value)
     model = mlp((64,), num_classes=10, hidden=(64,), classifier_activation=None)
@@ -59,8 +63,10 @@ def main(_):
     correct = tf.reduce_sum(tf.cast(tf.argmax(model(x_test), axis=1) == y_test, tf.int64))
     totals = kerasdist.allreduce(tf.stack([correct, tf.constant(len(y_test), tf.int64)]), op=kerasdist.Sum)
     if kerasdist.rank() == 0:
-        print(f"{kerasdist.size()} process(es): test accuracy {int(totals[0]) / int(totals[1]):.4f} "
-              f"on {int(totals[1])} held-out images")
+        print(
+            f"{kerasdist.size()} process(es): test accuracy {int(totals[0]) / int(totals[1]):.4f} "
+            f"on {int(totals[1])} held-out images"
+        )
 
 
 if __name__ == "__main__":

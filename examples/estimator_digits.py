@@ -11,27 +11,31 @@ set, combining the metrics exactly. The data are scikit-learn's bundled 8x8 digi
 Run it again with the same --model_dir and a larger --max_steps to continue from the newest
 checkpoint.
 """
+
 import itertools
 import logging
 
-from absl import app, flags
-
 import keras
 import tensorflow as tf
+from absl import app, flags
 
 import kerasdist
 from kerasdist import estimator
 
-MODEL_DIR = flags.DEFINE_string("model_dir", None, "Where rank 0 keeps checkpoints and summaries (default: a "
-                                "temporary directory, deleted at exit).")
+MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "Where rank 0 keeps checkpoints and summaries (default: a temporary directory, deleted at exit)."
+)
 HIDDEN_UNITS = flags.DEFINE_list("hidden_units", ["128", "64"], "Sizes of the hidden layers.")
 LEARNING_RATE = flags.DEFINE_float("learning_rate", 0.003, "Adam's learning rate.")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Per-rank batch size.")
 MAX_STEPS = flags.DEFINE_integer("max_steps", 600, "Train until the global step reaches this.")
 EVAL_EVERY = flags.DEFINE_integer("eval_every", 200, "Checkpoint and evaluate every this many steps.")
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the split, the initial weights and the shuffles.")
-EXPORT_PATH = flags.DEFINE_string("export_path", None, "Also export the trained model here: a .keras file, or a "
-                                  "SavedModel directory for any other name.")
+EXPORT_PATH = flags.DEFINE_string(
+    "export_path",
+    None,
+    "Also export the trained model here: a .keras file, or a SavedModel directory for any other name.",
+)
 
 
 def digits_split(seed):
@@ -40,8 +44,9 @@ def digits_split(seed):
 
     digits = load_digits()
     pixels = (digits.data / 16.0).astype("float32")
-    x_train, x_test, y_train, y_test = train_test_split(pixels, digits.target, test_size=0.25, random_state=seed,
-                                                        stratify=digits.target)
+    x_train, x_test, y_train, y_test = train_test_split(
+        pixels, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
+    )
     return (x_train, y_train), (x_test, y_test)
 
 
@@ -57,8 +62,13 @@ def model_fn(features, labels, mode, params):
     loss = tf.reduce_mean(keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True))
     accuracy = keras.metrics.SparseCategoricalAccuracy()
     accuracy.update_state(labels, logits)
-    return estimator.EstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.Adam(params["learning_rate"]),
-                                   eval_metrics={"accuracy": accuracy}, model=model)
+    return estimator.EstimatorSpec(
+        mode,
+        loss=loss,
+        optimizer=keras.optimizers.Adam(params["learning_rate"]),
+        eval_metrics={"accuracy": accuracy},
+        model=model,
+    )
 
 
 def print_estimator_progress():
@@ -91,13 +101,19 @@ def main(_):
 
     keras.utils.set_random_seed(SEED.value)  # rank 0's initial weights, which every rank starts from
     classifier = estimator.Estimator(
-        model_fn, model_dir=MODEL_DIR.value,
+        model_fn,
+        model_dir=MODEL_DIR.value,
         config=estimator.RunConfig(save_checkpoints_steps=EVAL_EVERY.value, log_step_count_steps=100),
-        params={"hidden_units": [int(units) for units in HIDDEN_UNITS.value], "n_classes": 10,
-                "learning_rate": LEARNING_RATE.value, "batch_size": BATCH_SIZE.value})
-    metrics = estimator.train_and_evaluate(classifier,
-                                           estimator.TrainSpec(train_input_fn, max_steps=MAX_STEPS.value),
-                                           estimator.EvalSpec(eval_input_fn))
+        params={
+            "hidden_units": [int(units) for units in HIDDEN_UNITS.value],
+            "n_classes": 10,
+            "learning_rate": LEARNING_RATE.value,
+            "batch_size": BATCH_SIZE.value,
+        },
+    )
+    metrics = estimator.train_and_evaluate(
+        classifier, estimator.TrainSpec(train_input_fn, max_steps=MAX_STEPS.value), estimator.EvalSpec(eval_input_fn)
+    )
 
     # predict() and export_model() are collectives too: every rank calls them.
     first_digits = classifier.predict(lambda: tf.data.Dataset.from_tensor_slices({"pixels": x_test[:10]}).batch(10))
@@ -105,8 +121,10 @@ def main(_):
     if EXPORT_PATH.value:
         classifier.export_model(EXPORT_PATH.value)
     if kerasdist.rank() == 0:
-        print(f"{kerasdist.size()} process(es): accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} at "
-              f"global step {metrics['global_step']} on {len(y_test)} held-out digits")
+        print(
+            f"{kerasdist.size()} process(es): accuracy {metrics['accuracy']:.4f}, loss {metrics['loss']:.4f} at "
+            f"global step {metrics['global_step']} on {len(y_test)} held-out digits"
+        )
         print(f"first 10 test digits: predicted {predicted}, true {y_test[:10].tolist()}")
 
 

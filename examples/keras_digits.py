@@ -16,26 +16,29 @@ tests' builder, train offline:
     python tests/tfds_digits.py --data_dir=/tmp/tfds
     kerasdist-run -np 2 python examples/keras_digits.py --tfds_name=kerasdist_digits --data_dir=/tmp/tfds
 """
-import sys
 
-from absl import app, flags
+import sys
 
 import keras
 import tensorflow as tf
+from absl import app, flags
 
 import kerasdist  # kerasdist
 from kerasdist.models import small_cnn
 
 EPOCHS = flags.DEFINE_integer("epochs", 20, "Passes over the training data.")
 BATCH = flags.DEFINE_integer("batch_size", 32, "Per-rank batch size.")
-LR = flags.DEFINE_float("learning_rate", 0.02, "The single-process learning rate; warmup scales it by the "
-                        "number of processes.")
+LR = flags.DEFINE_float(
+    "learning_rate", 0.02, "The single-process learning rate; warmup scales it by the number of processes."
+)
 WARMUP = flags.DEFINE_float("warmup_epochs", 3, "Epochs over which the learning rate ramps up.")
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the split, the weights and the shuffles.")
-CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", None, "Rank 0 saves a checkpoint here each epoch and a "
-                                     "rerun resumes from the latest one.")
-TFDS_NAME = flags.DEFINE_string("tfds_name", None, "A TensorFlow Datasets name (e.g. mnist) instead of the "
-                                "bundled digits.")
+CHECKPOINT_DIR = flags.DEFINE_string(
+    "checkpoint_dir", None, "Rank 0 saves a checkpoint here each epoch and a rerun resumes from the latest one."
+)
+TFDS_NAME = flags.DEFINE_string(
+    "tfds_name", None, "A TensorFlow Datasets name (e.g. mnist) instead of the bundled digits."
+)
 DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the --tfds_name data set is already prepared.")
 
 
@@ -45,25 +48,38 @@ def bundled_digits(seed):
 
     digits = load_digits()
     images = (digits.images[..., None] / 16.0).astype("float32")
-    x_train, x_test, y_train, y_test = train_test_split(images, digits.target, test_size=0.25,
-                                                        random_state=seed, stratify=digits.target)
+    x_train, x_test, y_train, y_test = train_test_split(
+        images, digits.target, test_size=0.25, random_state=seed, stratify=digits.target
+    )
     return (x_train, y_train), (x_test, y_test)
 
 
 def prepared_tfds(name, data_dir, seed):
     """This rank's batched, shuffled share of the train split, and its share of the test split."""
     if data_dir is None:
-        sys.exit(f"--tfds_name={name} needs --data_dir: this example never downloads. Prepare the data "
-                 "set where the machine has network access (tfds.builder(name, data_dir=DIR)."
-                 "download_and_prepare()) and pass --data_dir=DIR.")
+        sys.exit(
+            f"--tfds_name={name} needs --data_dir: this example never downloads. Prepare the data "
+            "set where the machine has network access (tfds.builder(name, data_dir=DIR)."
+            "download_and_prepare()) and pass --data_dir=DIR."
+        )
 
     def scaled(image, label):
         return tf.cast(image, tf.float32) / 255.0, label
 
-    train = kerasdist.data.tfds_load(name, "train", data_dir, batch_size=BATCH.value, shuffle_files=True,  # kerasdist
-                                     seed=seed, as_supervised=True)
-    train = (train.map(scaled).shuffle(int(train.cardinality()), seed=kerasdist.data.seed_for_rank(seed))  # kerasdist
-             .batch(BATCH.value))
+    train = kerasdist.data.tfds_load(
+        name,
+        "train",
+        data_dir,
+        batch_size=BATCH.value,
+        shuffle_files=True,  # kerasdist
+        seed=seed,
+        as_supervised=True,
+    )
+    train = (
+        train.map(scaled)
+        .shuffle(int(train.cardinality()), seed=kerasdist.data.seed_for_rank(seed))  # kerasdist
+        .batch(BATCH.value)
+    )
     test = kerasdist.data.tfds_load(name, "test", data_dir, as_supervised=True).map(scaled)  # kerasdist
     x_test, y_test = test.batch(int(test.cardinality())).get_single_element()
     return train, (x_test.numpy(), y_test.numpy())
@@ -79,9 +95,11 @@ def main(_):
         (x_train, y_train), (x_test, y_test) = bundled_digits(SEED.value)
         x_train, y_train = kerasdist.data.shard((x_train, y_train), batch_size=BATCH.value)  # kerasdist
         x_test, y_test = kerasdist.data.shard((x_test, y_test))  # kerasdist
-        train = (tf.data.Dataset.from_tensor_slices((x_train, y_train))
-                 .shuffle(len(x_train), seed=kerasdist.data.seed_for_rank(SEED.value))  # kerasdist
-                 .batch(BATCH.value))
+        train = (
+            tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            .shuffle(len(x_train), seed=kerasdist.data.seed_for_rank(SEED.value))  # kerasdist
+            .batch(BATCH.value)
+        )
 
     keras.utils.set_random_seed(SEED.value)
     model = small_cnn(input_shape=x_test.shape[1:], num_classes=10)
@@ -90,16 +108,22 @@ def main(_):
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     # With a checkpoint directory, a rerun continues after the last saved epoch.
-    callbacks = kerasdist.callbacks(warmup_epochs=WARMUP.value, checkpoint_dir=CHECKPOINT_DIR.value,  # kerasdist
-                                    resume=CHECKPOINT_DIR.value is not None)
+    callbacks = kerasdist.callbacks(
+        warmup_epochs=WARMUP.value,
+        checkpoint_dir=CHECKPOINT_DIR.value,  # kerasdist
+        resume=CHECKPOINT_DIR.value is not None,
+    )
     # shuffle=False: the dataset shuffles itself (per rank, above); Keras warns that it ignores shuffle=True.
-    model.fit(train, epochs=EPOCHS.value, validation_data=(x_test, y_test), callbacks=callbacks, shuffle=False,
-              verbose=2)
+    model.fit(
+        train, epochs=EPOCHS.value, validation_data=(x_test, y_test), callbacks=callbacks, shuffle=False, verbose=2
+    )
     loss, accuracy = model.evaluate(x_test, y_test, verbose=0)  # exact over every rank's part
     test_images = sum(kerasdist.allgather_object(len(y_test)))  # kerasdist: every rank calls collectives
     if kerasdist.rank() == 0:  # kerasdist
-        print(f"{kerasdist.size()} process(es): test accuracy {accuracy:.4f}, test loss {loss:.4f} "
-              f"on {test_images} held-out images")
+        print(
+            f"{kerasdist.size()} process(es): test accuracy {accuracy:.4f}, test loss {loss:.4f} "
+            f"on {test_images} held-out images"
+        )
 
 
 if __name__ == "__main__":

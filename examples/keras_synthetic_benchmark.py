@@ -36,21 +36,33 @@ import tensorflow as tf  # noqa: E402
 # Plain Keras model definitions: importing them loads neither kerasdist's runtime nor MPI.
 from kerasdist import models  # noqa: E402
 
-MODEL = flags.DEFINE_enum("model", "cifar_resnet20", ["small_cnn", "cifar_resnet20", "resnet50", "mlp"],
-                          "Model from kerasdist.models to train.")
-IMAGE_SIZE = flags.DEFINE_integer("image_size", None, "Side of the square RGB images; default: 224 for "
-                                  "resnet50, 32 for the others.")
+MODEL = flags.DEFINE_enum(
+    "model",
+    "cifar_resnet20",
+    ["small_cnn", "cifar_resnet20", "resnet50", "mlp"],
+    "Model from kerasdist.models to train.",
+)
+IMAGE_SIZE = flags.DEFINE_integer(
+    "image_size", None, "Side of the square RGB images; default: 224 for resnet50, 32 for the others."
+)
 NUM_CLASSES = flags.DEFINE_integer("num_classes", None, "Classes; default: 1000 for resnet50, 10 for the others.")
 BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Images per batch on each rank.")
-NUM_WARMUP_BATCHES = flags.DEFINE_integer("num_warmup_batches", 10, "Untimed batches before the first "
-                                          "iteration (tracing, first allocations, first negotiations).")
-NUM_BATCHES_PER_ITER = flags.DEFINE_integer("num_batches_per_iter", 10, "Batches per timed iteration "
-                                            "(one epoch of model.fit).")
+NUM_WARMUP_BATCHES = flags.DEFINE_integer(
+    "num_warmup_batches",
+    10,
+    "Untimed batches before the first iteration (tracing, first allocations, first negotiations).",
+)
+NUM_BATCHES_PER_ITER = flags.DEFINE_integer(
+    "num_batches_per_iter", 10, "Batches per timed iteration (one epoch of model.fit)."
+)
 NUM_ITERS = flags.DEFINE_integer("num_iters", 10, "Timed iterations.")
-FP16_ALLREDUCE = flags.DEFINE_bool("fp16_allreduce", False, "Send gradients in float16 "
-                                   "(kerasdist.Compression.fp16).")
-USE_KERASDIST = flags.DEFINE_bool("use_kerasdist", True, "Train with kerasdist.DistributedOptimizer and "
-                                  "kerasdist.callbacks(); false: plain Keras (no kerasdist runtime, ops or MPI).")
+FP16_ALLREDUCE = flags.DEFINE_bool("fp16_allreduce", False, "Send gradients in float16 (kerasdist.Compression.fp16).")
+USE_KERASDIST = flags.DEFINE_bool(
+    "use_kerasdist",
+    True,
+    "Train with kerasdist.DistributedOptimizer and "
+    "kerasdist.callbacks(); false: plain Keras (no kerasdist runtime, ops or MPI).",
+)
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the weights and (plus the rank) of the synthetic batch.")
 
 # name -> (builder(input_shape, num_classes), default image side, default classes)
@@ -86,8 +98,9 @@ class IterationTimer(keras.callbacks.Callback):
         self.wall_seconds.append(time.perf_counter() - self._start[0])
         self.cpu_seconds.append(time.process_time() - self._start[1])
         if self.rank == 0:
-            print(f"iter {epoch + 1}: {self.images_per_iteration / self.wall_seconds[-1]:.1f} img/s on rank 0",
-                  flush=True)
+            print(
+                f"iter {epoch + 1}: {self.images_per_iteration / self.wall_seconds[-1]:.1f} img/s on rank 0", flush=True
+            )
 
 
 def synthetic_batches(image_size, num_classes, batch_size, seed):
@@ -101,6 +114,7 @@ def synthetic_batches(image_size, num_classes, batch_size, seed):
 def main(_):
     if USE_KERASDIST.value:
         import kerasdist
+
         kerasdist.init()
         rank, size = kerasdist.rank(), kerasdist.size()
     else:
@@ -118,20 +132,29 @@ def main(_):
         optimizer = kerasdist.DistributedOptimizer(optimizer, compression=compression)
         callbacks = kerasdist.callbacks()
     # XLA off in both modes: kerasdist's ops cannot run under it, and the baseline must match.
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"],
-                  jit_compile=False)
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
     dataset = synthetic_batches(image_size, num_classes, BATCH_SIZE.value, SEED.value + rank)
 
     if rank == 0:
-        print(f"model {MODEL.value} ({model.count_params():,} parameters), {image_size}x{image_size}x3 "
-              f"images, batch {BATCH_SIZE.value} per rank, {size} rank(s), "
-              f"{'kerasdist' if USE_KERASDIST.value else 'plain Keras'}"
-              f"{', fp16 allreduce' if USE_KERASDIST.value and FP16_ALLREDUCE.value else ''}", flush=True)
-    model.fit(dataset, steps_per_epoch=NUM_WARMUP_BATCHES.value, epochs=1, callbacks=callbacks, shuffle=False,
-              verbose=0)
+        print(
+            f"model {MODEL.value} ({model.count_params():,} parameters), {image_size}x{image_size}x3 "
+            f"images, batch {BATCH_SIZE.value} per rank, {size} rank(s), "
+            f"{'kerasdist' if USE_KERASDIST.value else 'plain Keras'}"
+            f"{', fp16 allreduce' if USE_KERASDIST.value and FP16_ALLREDUCE.value else ''}",
+            flush=True,
+        )
+    model.fit(
+        dataset, steps_per_epoch=NUM_WARMUP_BATCHES.value, epochs=1, callbacks=callbacks, shuffle=False, verbose=0
+    )
     timer = IterationTimer(BATCH_SIZE.value * NUM_BATCHES_PER_ITER.value, rank)
-    model.fit(dataset, steps_per_epoch=NUM_BATCHES_PER_ITER.value, epochs=NUM_ITERS.value,
-              callbacks=callbacks + [timer], shuffle=False, verbose=0)
+    model.fit(
+        dataset,
+        steps_per_epoch=NUM_BATCHES_PER_ITER.value,
+        epochs=NUM_ITERS.value,
+        callbacks=callbacks + [timer],
+        shuffle=False,
+        verbose=0,
+    )
 
     timings = [(timer.wall_seconds, timer.cpu_seconds)]
     if USE_KERASDIST.value:
@@ -143,14 +166,22 @@ def main(_):
     mean_cpu = [statistics.mean(per_rank) for per_rank in zip(*(cpu for _, cpu in timings))]
     total = [size * timer.images_per_iteration / seconds for seconds in slowest]
     median_total = statistics.median(total)
-    print(f"median over {NUM_ITERS.value} iterations: {median_total / size:.1f} img/s per rank, "
-          f"{median_total:.1f} img/s in total on {size} rank(s)", flush=True)
+    print(
+        f"median over {NUM_ITERS.value} iterations: {median_total / size:.1f} img/s per rank, "
+        f"{median_total:.1f} img/s in total on {size} rank(s)",
+        flush=True,
+    )
     result = {
-        "model": MODEL.value, "image_size": image_size, "parameters": model.count_params(),
-        "batch_size_per_rank": BATCH_SIZE.value, "ranks": size, "kerasdist": USE_KERASDIST.value,
+        "model": MODEL.value,
+        "image_size": image_size,
+        "parameters": model.count_params(),
+        "batch_size_per_rank": BATCH_SIZE.value,
+        "ranks": size,
+        "kerasdist": USE_KERASDIST.value,
         "fp16_allreduce": USE_KERASDIST.value and FP16_ALLREDUCE.value,
         "batches_per_iter": NUM_BATCHES_PER_ITER.value,
-        "images_per_second": median_total, "images_per_second_per_rank": median_total / size,
+        "images_per_second": median_total,
+        "images_per_second_per_rank": median_total / size,
         "step_ms": 1e3 * statistics.median(slowest) / NUM_BATCHES_PER_ITER.value,
         "cpu_ms_per_step_per_rank": 1e3 * statistics.median(mean_cpu) / NUM_BATCHES_PER_ITER.value,
         "iteration_images_per_second": total,

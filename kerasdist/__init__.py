@@ -4,24 +4,65 @@ Names are loaded on first use: ``import kerasdist`` alone imports neither Tensor
 so the launcher (``kerasdist-run``) starts in milliseconds. ``kerasdist.init()`` or any
 collective brings them in.
 """
+
 import importlib
 
 __version__ = "0.1.0"
 
 # public name -> module that defines it
 _EXPORTS = {
-    **{name: "kerasdist.runtime" for name in (
-        "cross_rank", "cross_size", "init", "is_initialized", "local_rank", "local_size", "mpi_built",
-        "nccl_built", "rank", "shutdown", "size")},
-    **{name: "kerasdist.ops" for name in (
-        "Average", "Compression", "Max", "Min", "Product", "ReduceOp", "Sum", "allgather",
-        "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
-        "broadcast_variables", "grouped_allreduce", "reducescatter")},
+    **{
+        name: "kerasdist.runtime"
+        for name in (
+            "cross_rank",
+            "cross_size",
+            "init",
+            "is_initialized",
+            "local_rank",
+            "local_size",
+            "mpi_built",
+            "nccl_built",
+            "rank",
+            "shutdown",
+            "size",
+        )
+    },
+    **{
+        name: "kerasdist.ops"
+        for name in (
+            "Average",
+            "Compression",
+            "Max",
+            "Min",
+            "Product",
+            "ReduceOp",
+            "Sum",
+            "allgather",
+            "allgather_object",
+            "allreduce",
+            "alltoall",
+            "barrier",
+            "broadcast",
+            "broadcast_object",
+            "broadcast_variables",
+            "grouped_allreduce",
+            "reducescatter",
+        )
+    },
     **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
     "GradientNoiseScale": "kerasdist.batch_growth.noise_scale",
 }
-_SUBMODULES = ("batch_growth", "callbacks", "curvature", "data", "estimator", "learning_rate", "models", "optimizers",
-               "run")
+_SUBMODULES = (
+    "batch_growth",
+    "callbacks",
+    "curvature",
+    "data",
+    "estimator",
+    "learning_rate",
+    "models",
+    "optimizers",
+    "run",
+)
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
 

@@ -5,6 +5,7 @@ moves or drops one breaks here, at import, with a message naming the hook and th
 kerasdist was tested with, instead of deep inside `fit`. tests/test_compat.py checks each
 hook's behaviour, not only that it exists.
 """
+
 import importlib
 
 import keras
@@ -21,35 +22,47 @@ def _private(module, name, used_for):
         raise ImportError(
             f"kerasdist needs {module}.{name} ({used_for}), which this installation "
             f"(Keras {keras.__version__}, TensorFlow {tf.__version__}) does not have: {error}. kerasdist "
-            f"was tested with {TESTED_WITH}; install one of those versions.") from None
+            f"was tested with {TESTED_WITH}; install one of those versions."
+        ) from None
 
 
 # Keras's base for callbacks that watch a metric (mode "auto"/"min"/"max", `_is_improvement`):
 # Rank0Checkpoint compares its monitored value exactly as ModelCheckpoint does.
-MonitorCallback = _private("keras.src.callbacks.monitor_callback", "MonitorCallback",
-                           "Rank0Checkpoint's save_best_only comparisons")
+MonitorCallback = _private(
+    "keras.src.callbacks.monitor_callback", "MonitorCallback", "Rank0Checkpoint's save_best_only comparisons"
+)
 # Prints through Keras's own channel, so `keras.utils.disable_interactive_logging` quiets it too.
 print_msg = _private("keras.src.utils.io_utils", "print_msg", "Rank0Checkpoint's messages")
 # Lets an optimizer keep variables in plain attributes without Keras tracking them twice.
-no_automatic_dependency_tracking = _private("keras.src.utils.tracking", "no_automatic_dependency_tracking",
-                                            "DistributedOptimizer's own variables")
+no_automatic_dependency_tracking = _private(
+    "keras.src.utils.tracking", "no_automatic_dependency_tracking", "DistributedOptimizer's own variables"
+)
 # What `model.compile` wraps a plain loss function in; the curvature estimate reuses it.
-LossFunctionWrapper = _private("keras.src.losses.losses", "LossFunctionWrapper",
-                               "the Hessian power iteration's loss")
-_auto_control_deps = _private("tensorflow.python.framework", "auto_control_deps",
-                              "keeping kerasdist's collectives out of tf.function's program order")
+LossFunctionWrapper = _private("keras.src.losses.losses", "LossFunctionWrapper", "the Hessian power iteration's loss")
+_auto_control_deps = _private(
+    "tensorflow.python.framework",
+    "auto_control_deps",
+    "keeping kerasdist's collectives out of tf.function's program order",
+)
 _control_flow_util = _private("tensorflow.python.ops", "control_flow_util", "refusing XLA-compiled functions")
-SummaryMetadata = _private("tensorflow.core.framework.summary_pb2", "SummaryMetadata",
-                           "the Estimator's scalar summaries without the tensorboard package")
-DATA_CLASS_SCALAR = _private("tensorflow.core.framework.summary_pb2", "DATA_CLASS_SCALAR",
-                             "the Estimator's scalar summaries without the tensorboard package")
+SummaryMetadata = _private(
+    "tensorflow.core.framework.summary_pb2",
+    "SummaryMetadata",
+    "the Estimator's scalar summaries without the tensorboard package",
+)
+DATA_CLASS_SCALAR = _private(
+    "tensorflow.core.framework.summary_pb2",
+    "DATA_CLASS_SCALAR",
+    "the Estimator's scalar summaries without the tensorboard package",
+)
 
 
 def mark_order_insensitive(op_types):
     """Lets tf.function keep the stateful `op_types` (never pruned) without ordering them among
     other stateful ops, which would serialize collectives the engine could fuse."""
     _auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS = (
-        _auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset(op_types))
+        _auto_control_deps.MUST_RUN_ORDER_INSENSITIVE_STATEFUL_OPS | frozenset(op_types)
+    )
 
 
 def order_insensitive_op_types():
@@ -68,8 +81,10 @@ def set_initial_epoch(model, epoch):
     BackupAndRestore resumes, and no public argument can change the epoch from a callback.
     """
     if not hasattr(model, "_initial_epoch"):
-        raise ImportError(f"kerasdist resumes fit() through keras.Model._initial_epoch, which Keras "
-                          f"{keras.__version__} does not have; kerasdist was tested with {TESTED_WITH}")
+        raise ImportError(
+            f"kerasdist resumes fit() through keras.Model._initial_epoch, which Keras "
+            f"{keras.__version__} does not have; kerasdist was tested with {TESTED_WITH}"
+        )
     model._initial_epoch = epoch
 
 

@@ -27,7 +27,8 @@ def on_root_for_every_rank(function, root_rank, name=None):
         except Exception as error:  # noqa: BLE001 - handed to every rank, then raised
             failure = error
     shared = ops.broadcast_object(
-        (result, None if failure is None else (type(failure).__name__, str(failure))), root_rank, name=name)
+        (result, None if failure is None else (type(failure).__name__, str(failure))), root_rank, name=name
+    )
     if failure is not None:
         raise failure
     result, failure_text = shared

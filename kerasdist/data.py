@@ -83,8 +83,7 @@ def shard(data, *, drop_remainder=False, batch_size=None):
     else:
         sharded, rank_elements = _shard_arrays(data, rank, size, drop_remainder)
     if batch_size is not None and rank_elements is not None:
-        check_equal_steps(steps_per_epoch(rank_elements, batch_size),
-                          what=f"batches of {batch_size} per epoch")
+        check_equal_steps(steps_per_epoch(rank_elements, batch_size), what=f"batches of {batch_size} per epoch")
     return sharded
 
 
@@ -116,8 +115,9 @@ def _shard_arrays(arrays, rank, size, drop_remainder):
     leaves = tf.nest.flatten(arrays)
     lengths = [len(leaf) for leaf in leaves]
     if len(set(lengths)) > 1:
-        raise ValueError(f"kerasdist.data.shard: the arrays must have the same number of rows "
-                         f"to be sharded together; got {lengths}")
+        raise ValueError(
+            f"kerasdist.data.shard: the arrays must have the same number of rows to be sharded together; got {lengths}"
+        )
     total = lengths[0] if lengths else 0
     stop = total // size * size if drop_remainder else total
     rows = slice(rank, stop, size)  # strided like Dataset.shard, so the two agree
@@ -184,13 +184,16 @@ def check_equal_steps(steps, what="steps per epoch"):
     ranks_by_count = {}
     for rank, count in enumerate(counts):
         ranks_by_count.setdefault(count, []).append(rank)
-    listing = "; ".join(f"{count} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-                        for count, ranks in ranks_by_count.items())
+    listing = "; ".join(
+        f"{count} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        for count, ranks in ranks_by_count.items()
+    )
     raise ValueError(
         f"kerasdist: the ranks would run different numbers of {what}: {listing}. Every rank must run "
         f"the same number, or the gradient allreduces pair up wrongly or hang. To fix: shard with "
         f"kerasdist.data.shard(..., drop_remainder=True) (every rank then gets n // size examples), "
-        f"or repeat() the data and pass steps_per_epoch={min(counts)} to fit.")
+        f"or repeat() the data and pass steps_per_epoch={min(counts)} to fit."
+    )
 
 
 def seed_for_rank(base_seed):
@@ -245,8 +248,18 @@ def set_random_seed_for_rank(base_seed):
     return seed
 
 
-def tfds_load(name, split, data_dir, *, batch_size=None, drop_remainder=False, shuffle_files=False, seed=0,
-              as_supervised=False, decoders=None):
+def tfds_load(
+    name,
+    split,
+    data_dir,
+    *,
+    batch_size=None,
+    drop_remainder=False,
+    shuffle_files=False,
+    seed=0,
+    as_supervised=False,
+    decoders=None,
+):
     """This rank's share of the TensorFlow Datasets split `split` of `name`, prepared in `data_dir`.
 
     A collective: every rank calls it with the same arguments. Nothing is downloaded: the data
@@ -311,13 +324,15 @@ def tfds_load(name, split, data_dir, *, batch_size=None, drop_remainder=False, s
     """
     rank, size = _rank_and_size()
     try:
-        dataset, examples_per_rank = _tfds_rank_dataset(name, split, data_dir, rank, size, shuffle_files, seed,
-                                                        as_supervised, decoders, batch_size, drop_remainder)
+        dataset, examples_per_rank = _tfds_rank_dataset(
+            name, split, data_dir, rank, size, shuffle_files, seed, as_supervised, decoders, batch_size, drop_remainder
+        )
         failure = None
     except Exception as error:  # gathered below, so that every rank raises and none waits
         dataset, failure = None, error
-    _raise_on_every_rank_if_any_failed(failure, f"kerasdist.data.tfds_load({name!r}, {split!r}, "
-                                                f"data_dir={os.fspath(data_dir)!r})")
+    _raise_on_every_rank_if_any_failed(
+        failure, f"kerasdist.data.tfds_load({name!r}, {split!r}, data_dir={os.fspath(data_dir)!r})"
+    )
     rank_examples = examples_per_rank[rank]
     if drop_remainder:
         rank_examples = min(examples_per_rank)
@@ -327,8 +342,9 @@ def tfds_load(name, split, data_dir, *, batch_size=None, drop_remainder=False, s
     return dataset
 
 
-def _tfds_rank_dataset(name, split, data_dir, rank, size, shuffle_files, seed, as_supervised, decoders,
-                       batch_size, drop_remainder):
+def _tfds_rank_dataset(
+    name, split, data_dir, rank, size, shuffle_files, seed, as_supervised, decoders, batch_size, drop_remainder
+):
     """This rank's dataset and the number of examples of every rank."""
     try:
         import tensorflow_datasets as tfds  # optional: only this function needs it
@@ -340,11 +356,14 @@ def _tfds_rank_dataset(name, split, data_dir, rank, size, shuffle_files, seed, a
         builder = tfds.builder(name, data_dir=os.fspath(data_dir), try_gcs=False)
     except tfds.core.registered.DatasetNotFoundError as error:
         # TFDS appends every data set it knows by code; the first line is the news.
-        raise ValueError(f"{str(error).splitlines()[0]} It is neither prepared in data_dir nor "
-                         f"importable as a TFDS builder.") from None
+        raise ValueError(
+            f"{str(error).splitlines()[0]} It is neither prepared in data_dir nor importable as a TFDS builder."
+        ) from None
     if not builder.is_prepared():
-        raise ValueError(f"{name!r} is not prepared in data_dir (nothing is downloaded here): prepare it with "
-                         f"tfds.builder({name!r}, data_dir=...).download_and_prepare() and copy it there")
+        raise ValueError(
+            f"{name!r} is not prepared in data_dir (nothing is downloaded here): prepare it with "
+            f"tfds.builder({name!r}, data_dir=...).download_and_prepare() and copy it there"
+        )
     files = builder.info.splits[split].file_instructions  # raises ValueError for an unknown split
     # TFDS deals the files out as Dataset.shard does: rank r reads files r, r + size, ...
     examples_per_rank = [sum(file.take for file in files[r::size]) for r in range(size)]
@@ -360,8 +379,13 @@ def _tfds_rank_dataset(name, split, data_dir, rank, size, shuffle_files, seed, a
         rank_split, input_context = rank_splits[rank], None
         examples_per_rank = [builder.info.splits[part].num_examples for part in rank_splits]
     read_config = tfds.ReadConfig(input_context=input_context, shuffle_seed=seed_for_rank(seed))
-    dataset = builder.as_dataset(split=rank_split, shuffle_files=shuffle_files, read_config=read_config,
-                                 as_supervised=as_supervised, decoders=decoders)
+    dataset = builder.as_dataset(
+        split=rank_split,
+        shuffle_files=shuffle_files,
+        read_config=read_config,
+        as_supervised=as_supervised,
+        decoders=decoders,
+    )
     return dataset.apply(tf.data.experimental.assert_cardinality(examples_per_rank[rank])), examples_per_rank
 
 
@@ -374,6 +398,8 @@ def _raise_on_every_rank_if_any_failed(failure, what):
     for rank, message in enumerate(failures):
         if message is not None:
             ranks_by_failure.setdefault(message, []).append(rank)
-    listing = "; ".join(f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
-                        for message, ranks in ranks_by_failure.items())
+    listing = "; ".join(
+        f"on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}: {message}"
+        for message, ranks in ranks_by_failure.items()
+    )
     raise ValueError(f"{what} failed {listing}") from failure

@@ -6,6 +6,7 @@ the launcher builds its flags and the variables it forwards from `KNOBS`, and th
 table says the same: a value one of them accepts, all of them accept. Standard library only, so
 the launcher starts without TensorFlow or MPI.
 """
+
 import dataclasses
 import math
 import os
@@ -123,46 +124,115 @@ def _mebibytes_to_bytes(text):
 _A_YEAR_S = 86400.0 * 365  # "never" is spelled 0, not a huge number
 
 KNOBS = (
-    Knob("fusion_threshold_bytes", "KERASDIST_FUSION_THRESHOLD", "--fusion-threshold-mb", 16 * 2**20,
-         _integer(0, MAX_FUSION_THRESHOLD_BYTES, " bytes"),
-         "the most bytes one MPI call reduces: allreduces of up to 256 KiB that are ready together are "
-         "fused up to it, larger tensors are reduced in pieces of it; 0 turns both off",
-         metavar="MB", flag_to_text=_mebibytes_to_bytes, flag_default="16", to_engine=repr),
-    Knob("bucket_bytes", "KERASDIST_BUCKET_BYTES", "--bucket-mb", "auto", _bytes_or_auto(2**40),
-         "DistributedOptimizer and DistributedGradientTape reduce gradients in buckets of about this many "
-         "bytes, last layers first, so each starts while backprop goes on; auto: an eighth of the "
-         "gradients' bytes, at least 64 KiB and at most 4 MiB; 0: one bucket after backprop",
-         metavar="MB", flag_to_text=_mebibytes_to_bytes),
-    Knob("cycle_time_ms", "KERASDIST_CYCLE_TIME_MS", "--cycle-time-ms", 0.0,
-         _seconds_or_milliseconds(1000.0, " ms"),
-         "after new work wakes the idle engine, wait this long so more requests join one reduction",
-         metavar="MS", to_engine=repr),
-    Knob("timeline_path", "KERASDIST_TIMELINE", "--timeline", "", _text,
-         "Chrome-trace JSON that rank 0 writes (the launcher makes the path absolute)", metavar="FILE",
-         flag_to_text=os.path.abspath, to_engine=_text),
-    Knob("stall_warning_s", "KERASDIST_STALL_WARNING_S", "--stall-warning-s", 60.0,
-         _seconds_or_milliseconds(_A_YEAR_S, " s"),
-         "warn when a collective has waited this long for other ranks; 0: never", metavar="S",
-         to_engine=repr),
-    Knob("stall_timeout_s", "KERASDIST_STALL_TIMEOUT_S", "--stall-timeout-s", 1800.0,
-         _seconds_or_milliseconds(_A_YEAR_S, " s"),
-         "fail collectives some rank has not submitted after this long; the job then ends non-zero; "
-         "0: wait for ever", metavar="S", to_engine=repr),
-    Knob("mismatch_timeout_s", "KERASDIST_MISMATCH_TIMEOUT_S", "--mismatch-timeout-s", 5.0,
-         _seconds_or_milliseconds(_A_YEAR_S, " s"),
-         "fail eager collectives when every rank has been blocked this long in a different call, so "
-         "none can complete; 0: never (set 0 if several threads of a rank make eager collectives)",
-         metavar="S", to_engine=repr),
-    Knob("cache_capacity", "KERASDIST_CACHE_CAPACITY", "--cache-capacity", 1024,
-         _integer(1, MAX_CACHE_CAPACITY),
-         "requests remembered for the one-allreduce negotiation fast path", metavar="N",
-         to_engine=repr),
-    Knob("log_level", "KERASDIST_LOG_LEVEL", "--log-level", "warning", _one_of(tuple(LOG_LEVELS)),
-         "engine messages on stderr: " + ", ".join(LOG_LEVELS), metavar="LEVEL", flag_to_text=str.lower,
-         to_engine=_log_level_number),
-    Knob("tf_threads", "KERASDIST_TF_THREADS", "--tf-threads", "auto", _one_of(TF_THREAD_MODES),
-         "auto: when ranks on a host share CPUs, size TensorFlow's thread pools to each rank's share; "
-         "off: leave them to TensorFlow", metavar="MODE", flag_to_text=str.lower),
+    Knob(
+        "fusion_threshold_bytes",
+        "KERASDIST_FUSION_THRESHOLD",
+        "--fusion-threshold-mb",
+        16 * 2**20,
+        _integer(0, MAX_FUSION_THRESHOLD_BYTES, " bytes"),
+        "the most bytes one MPI call reduces: allreduces of up to 256 KiB that are ready together are "
+        "fused up to it, larger tensors are reduced in pieces of it; 0 turns both off",
+        metavar="MB",
+        flag_to_text=_mebibytes_to_bytes,
+        flag_default="16",
+        to_engine=repr,
+    ),
+    Knob(
+        "bucket_bytes",
+        "KERASDIST_BUCKET_BYTES",
+        "--bucket-mb",
+        "auto",
+        _bytes_or_auto(2**40),
+        "DistributedOptimizer and DistributedGradientTape reduce gradients in buckets of about this many "
+        "bytes, last layers first, so each starts while backprop goes on; auto: an eighth of the "
+        "gradients' bytes, at least 64 KiB and at most 4 MiB; 0: one bucket after backprop",
+        metavar="MB",
+        flag_to_text=_mebibytes_to_bytes,
+    ),
+    Knob(
+        "cycle_time_ms",
+        "KERASDIST_CYCLE_TIME_MS",
+        "--cycle-time-ms",
+        0.0,
+        _seconds_or_milliseconds(1000.0, " ms"),
+        "after new work wakes the idle engine, wait this long so more requests join one reduction",
+        metavar="MS",
+        to_engine=repr,
+    ),
+    Knob(
+        "timeline_path",
+        "KERASDIST_TIMELINE",
+        "--timeline",
+        "",
+        _text,
+        "Chrome-trace JSON that rank 0 writes (the launcher makes the path absolute)",
+        metavar="FILE",
+        flag_to_text=os.path.abspath,
+        to_engine=_text,
+    ),
+    Knob(
+        "stall_warning_s",
+        "KERASDIST_STALL_WARNING_S",
+        "--stall-warning-s",
+        60.0,
+        _seconds_or_milliseconds(_A_YEAR_S, " s"),
+        "warn when a collective has waited this long for other ranks; 0: never",
+        metavar="S",
+        to_engine=repr,
+    ),
+    Knob(
+        "stall_timeout_s",
+        "KERASDIST_STALL_TIMEOUT_S",
+        "--stall-timeout-s",
+        1800.0,
+        _seconds_or_milliseconds(_A_YEAR_S, " s"),
+        "fail collectives some rank has not submitted after this long; the job then ends non-zero; 0: wait for ever",
+        metavar="S",
+        to_engine=repr,
+    ),
+    Knob(
+        "mismatch_timeout_s",
+        "KERASDIST_MISMATCH_TIMEOUT_S",
+        "--mismatch-timeout-s",
+        5.0,
+        _seconds_or_milliseconds(_A_YEAR_S, " s"),
+        "fail eager collectives when every rank has been blocked this long in a different call, so "
+        "none can complete; 0: never (set 0 if several threads of a rank make eager collectives)",
+        metavar="S",
+        to_engine=repr,
+    ),
+    Knob(
+        "cache_capacity",
+        "KERASDIST_CACHE_CAPACITY",
+        "--cache-capacity",
+        1024,
+        _integer(1, MAX_CACHE_CAPACITY),
+        "requests remembered for the one-allreduce negotiation fast path",
+        metavar="N",
+        to_engine=repr,
+    ),
+    Knob(
+        "log_level",
+        "KERASDIST_LOG_LEVEL",
+        "--log-level",
+        "warning",
+        _one_of(tuple(LOG_LEVELS)),
+        "engine messages on stderr: " + ", ".join(LOG_LEVELS),
+        metavar="LEVEL",
+        flag_to_text=str.lower,
+        to_engine=_log_level_number,
+    ),
+    Knob(
+        "tf_threads",
+        "KERASDIST_TF_THREADS",
+        "--tf-threads",
+        "auto",
+        _one_of(TF_THREAD_MODES),
+        "auto: when ranks on a host share CPUs, size TensorFlow's thread pools to each rank's share; "
+        "off: leave them to TensorFlow",
+        metavar="MODE",
+        flag_to_text=str.lower,
+    ),
 )
 
 
@@ -180,7 +250,12 @@ def _from_environment(cls, environ=None):
 
 # The settings as one frozen value, its fields made from `KNOBS` so the two cannot drift.
 Knobs = dataclasses.make_dataclass(
-    "Knobs", [(knob.field, type(knob.default), dataclasses.field(default=knob.default)) for knob in KNOBS],
-    frozen=True, namespace={"__doc__": "Engine settings, read once from `KERASDIST_*` variables at `init()`.",
-                            "from_environment": classmethod(_from_environment)})
+    "Knobs",
+    [(knob.field, type(knob.default), dataclasses.field(default=knob.default)) for knob in KNOBS],
+    frozen=True,
+    namespace={
+        "__doc__": "Engine settings, read once from `KERASDIST_*` variables at `init()`.",
+        "from_environment": classmethod(_from_environment),
+    },
+)
 Knobs.__module__ = __name__

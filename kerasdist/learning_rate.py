@@ -81,10 +81,13 @@ def _velocities(optimizer):
 
 def current_learning_rate(optimizer):
     """The optimizer's rate as a float; a `LearningRateSchedule` object is refused (it cannot be set)."""
-    if isinstance(_compat.learning_rate_object(innermost_optimizer(optimizer)),
-                  keras.optimizers.schedules.LearningRateSchedule):
-        raise ValueError("the optimizer's learning rate is a LearningRateSchedule object, which a callback "
-                         "cannot set; give the optimizer a float rate")
+    if isinstance(
+        _compat.learning_rate_object(innermost_optimizer(optimizer)), keras.optimizers.schedules.LearningRateSchedule
+    ):
+        raise ValueError(
+            "the optimizer's learning rate is a LearningRateSchedule object, which a callback "
+            "cannot set; give the optimizer a float rate"
+        )
     return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
 

@@ -6,6 +6,7 @@ from and a count of the calls made there. A call one rank cannot make (bad input
 rank at once and, through the engine, on the others too. Gradients follow the convention that
 the global objective is the sum of the per-rank losses.
 """
+
 import collections
 import enum
 import itertools
@@ -20,8 +21,13 @@ import tensorflow as tf
 
 from kerasdist import _compat, runtime
 
-_OP_TYPES = ("KerasdistAllreduce", "KerasdistAllgather", "KerasdistBroadcast",
-             "KerasdistReducescatter", "KerasdistAlltoall")
+_OP_TYPES = (
+    "KerasdistAllreduce",
+    "KerasdistAllgather",
+    "KerasdistBroadcast",
+    "KerasdistReducescatter",
+    "KerasdistAlltoall",
+)
 # The ops are stateful, so tf.function never prunes one whose result a rank leaves unused (the
 # other ranks would wait for it). They need no program order, though: the engine negotiates
 # one, and serializing them like other stateful ops would defeat tensor fusion.
@@ -150,7 +156,8 @@ def _fail(kind, name, error):
     the same call (naming this rank and the error) instead of waiting for it."""
     if tf.executing_eagerly() and name:
         runtime.state().engine.kerasdist_submit_failure(
-            name.encode(), int(kind), f"{type(error).__name__}: {error}".encode())
+            name.encode(), int(kind), f"{type(error).__name__}: {error}".encode()
+        )
     raise error
 
 
@@ -161,16 +168,22 @@ def _refuse_xla(where):
             f"{where} runs inside an XLA-compiled function (jit_compile=True), but kerasdist's "
             "collectives have no XLA kernels. Compile the model with jit_compile=False (the "
             "callbacks from kerasdist.callbacks() do this for model.fit), or drop jit_compile=True "
-            "from your tf.function.")
+            "from your tf.function."
+        )
 
 
 def _check_dtypes(what, kind, name, tensors, allowed):
     for tensor in tensors:
         if tensor.dtype not in allowed:
-            _fail(kind, name, TypeError(
-                f"kerasdist.{what} takes tensors of dtype {', '.join(d.name for d in allowed)}; "
-                f"got {tensor.dtype.name}" + (f" for '{name}'" if name else "") + ". Cast it first "
-                "(complex numbers: reduce tf.math.real and tf.math.imag separately)"))
+            _fail(
+                kind,
+                name,
+                TypeError(
+                    f"kerasdist.{what} takes tensors of dtype {', '.join(d.name for d in allowed)}; "
+                    f"got {tensor.dtype.name}" + (f" for '{name}'" if name else "") + ". Cast it first "
+                    "(complex numbers: reduce tf.math.real and tf.math.imag separately)"
+                ),
+            )
 
 
 def _ops():
@@ -192,14 +205,20 @@ def _check_rank(value, argument, what, kind, name):
     """`value` as a rank of this job, or the error on every rank that makes the call."""
     size = runtime.state().size
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < size:
-        _fail(kind, name, ValueError(
-            f"kerasdist.{what}: {argument}={value!r} is not a rank of this job (an integer from 0 to {size - 1})"))
+        _fail(
+            kind,
+            name,
+            ValueError(
+                f"kerasdist.{what}: {argument}={value!r} is not a rank of this job (an integer from 0 to {size - 1})"
+            ),
+        )
     return int(value)
 
 
 @_not_autographed
-def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-                      compression=Compression.none):
+def grouped_allreduce(
+    tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, compression=Compression.none
+):
     """Reduces a list of tensors across ranks as one negotiation unit.
 
     The tensors are ready together, so the small ones (up to 256 KiB) share fused MPI calls
@@ -225,8 +244,7 @@ def grouped_allreduce(tensors, op=Average, name=None, prescale_factor=1.0, posts
     print(float(a[0]) == kerasdist.size())  # True
     ```
     """
-    return _allreduce_group(tensors, op, name, prescale_factor, postscale_factor,
-                            compression.wire_dtypes(len(tensors)))
+    return _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, compression.wire_dtypes(len(tensors)))
 
 
 def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_dtypes):
@@ -240,13 +258,18 @@ def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_
     op = _check_reduce_op(op, _OpKind.ALLREDUCE, name)
     _check_dtypes("allreduce", _OpKind.ALLREDUCE, name, tensors, _REDUCIBLE_DTYPES)
     return _ops().kerasdist_allreduce(
-        tensors, _scale(prescale_factor), _scale(postscale_factor), tensor_name=name, reduce_op=int(op),
-        blocking=tf.executing_eagerly(), wire_dtypes=wire_dtypes)
+        tensors,
+        _scale(prescale_factor),
+        _scale(postscale_factor),
+        tensor_name=name,
+        reduce_op=int(op),
+        blocking=tf.executing_eagerly(),
+        wire_dtypes=wire_dtypes,
+    )
 
 
 @_not_autographed
-def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0,
-              compression=Compression.none):
+def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, compression=Compression.none):
     """Reduces ``tensor`` across ranks; every rank gets the result.
 
     ``Average`` divides the sum by ``size()`` (integer tensors: truncating, like TF). An
@@ -262,8 +285,9 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
     ```
     """
     if isinstance(tensor, tf.IndexedSlices):
-        return _allreduce_indexed_slices(tensor, _check_reduce_op(op), name, prescale_factor * postscale_factor,
-                                         compression)
+        return _allreduce_indexed_slices(
+            tensor, _check_reduce_op(op), name, prescale_factor * postscale_factor, compression
+        )
     return grouped_allreduce([tensor], op, name, prescale_factor, postscale_factor, compression)[0]
 
 
@@ -320,8 +344,9 @@ def broadcast(tensor, root_rank, name=None):
     if isinstance(root_rank, bool) or not isinstance(root_rank, (int, np.integer)):
         _fail(_OpKind.BROADCAST, name, TypeError(f"kerasdist.broadcast: root_rank={root_rank!r} must be an integer"))
     # Its range is the engine's check, on every rank alike.
-    return _ops().kerasdist_broadcast(tensor, tensor_name=name, root_rank=int(root_rank),
-                                      blocking=tf.executing_eagerly())
+    return _ops().kerasdist_broadcast(
+        tensor, tensor_name=name, root_rank=int(root_rank), blocking=tf.executing_eagerly()
+    )
 
 
 _PACK_BELOW_BYTES = 64 * 1024
@@ -380,8 +405,13 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
     op = _check_reduce_op(op, _OpKind.REDUCESCATTER, name)
     _check_dtypes("reducescatter", _OpKind.REDUCESCATTER, name, [tensor], _REDUCIBLE_DTYPES)
     return _ops().kerasdist_reducescatter(
-        tensor, _scale(prescale_factor), _scale(postscale_factor),
-        tensor_name=name, reduce_op=int(op), blocking=tf.executing_eagerly())
+        tensor,
+        _scale(prescale_factor),
+        _scale(postscale_factor),
+        tensor_name=name,
+        reduce_op=int(op),
+        blocking=tf.executing_eagerly(),
+    )
 
 
 @_not_autographed
@@ -411,10 +441,14 @@ def _alltoall(tensor, splits, name):
     if splits is None:
         splits = tf.zeros([0], tf.int32)
     elif not _integer_splits(splits):
-        _fail(_OpKind.ALLTOALL, name, TypeError(
-            f"kerasdist.alltoall: splits must be integers (rows sent to each rank), got {splits!r}"))
-    return _ops().kerasdist_alltoall(tensor, tf.cast(splits, tf.int32), tensor_name=name,
-                                     blocking=tf.executing_eagerly())
+        _fail(
+            _OpKind.ALLTOALL,
+            name,
+            TypeError(f"kerasdist.alltoall: splits must be integers (rows sent to each rank), got {splits!r}"),
+        )
+    return _ops().kerasdist_alltoall(
+        tensor, tf.cast(splits, tf.int32), tensor_name=name, blocking=tf.executing_eagerly()
+    )
 
 
 def _integer_splits(splits):
@@ -433,6 +467,7 @@ def _integer_splits(splits):
 # next object collective of another rank. They run eagerly even while a tf.function is traced
 # (tf.init_scope), once per trace, as Python code there does.
 
+
 def _pickled(obj, name):
     try:
         return pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -441,8 +476,9 @@ def _pickled(obj, name):
 
 
 def _allgather_bytes(payload, name):
-    gathered = _ops().kerasdist_allgather(tf.constant(np.frombuffer(payload, np.uint8)), tensor_name=name,
-                                          blocking=True)
+    gathered = _ops().kerasdist_allgather(
+        tf.constant(np.frombuffer(payload, np.uint8)), tensor_name=name, blocking=True
+    )
     return gathered.numpy().tobytes()
 
 
@@ -494,7 +530,7 @@ def allgather_object(obj, name=None):
     for _ in range(runtime.state().size):
         (length,) = _LENGTH.unpack_from(received, offset)
         offset += _LENGTH.size
-        objects.append(pickle.loads(received[offset:offset + length]))
+        objects.append(pickle.loads(received[offset : offset + length]))
         offset += length
     return objects
 
@@ -512,12 +548,18 @@ def barrier(name=None):
     ```
     """
     _refuse_xla("kerasdist.barrier")
-    _ops().kerasdist_allreduce([tf.zeros([1], tf.int32)], _scale(1.0), _scale(1.0),
-                               tensor_name=_tensor_name("barrier", name), reduce_op=int(Sum),
-                               blocking=tf.executing_eagerly())
+    _ops().kerasdist_allreduce(
+        [tf.zeros([1], tf.int32)],
+        _scale(1.0),
+        _scale(1.0),
+        tensor_name=_tensor_name("barrier", name),
+        reduce_op=int(Sum),
+        blocking=tf.executing_eagerly(),
+    )
 
 
 # Gradients. With loss = sum over ranks of loss_r, each rank's input feeds every rank's output.
+
 
 @tf.RegisterGradient("KerasdistAllreduce")
 def _allreduce_grad(op, *grads):
@@ -535,7 +577,7 @@ def _allgather_grad(op, grad):
     rows = allgather(tf.shape(op.inputs[0], out_type=tf.int64)[:1])
     rank = runtime.state().rank
     start = tf.reduce_sum(rows[:rank])
-    return [summed[start:start + rows[rank]], None]
+    return [summed[start : start + rows[rank]], None]
 
 
 @tf.RegisterGradient("KerasdistBroadcast")

@@ -60,20 +60,22 @@ def _reduce(grads, op, compression, sparse_as_dense, statistics=()):
         grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
     dense_positions = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
     reduced = list(grads)
-    buckets = _buckets(dense_positions, grads, _bucket_bytes(runtime.state().knobs.bucket_bytes,
-                                                             [grads[i] for i in dense_positions])) or [[]]
+    buckets = _buckets(
+        dense_positions, grads, _bucket_bytes(runtime.state().knobs.bucket_bytes, [grads[i] for i in dense_positions])
+    ) or [[]]
     for bucket in buckets:
         # Statistics depend on every gradient: they ride with the last bucket, after its
         # gradients, past the end of the compressed ones.
         riders = statistics if bucket is buckets[-1] else []
-        out = ops._allreduce_group([grads[i] for i in bucket] + riders, op, None, 1.0, 1.0,
-                                   compression.wire_dtypes(len(bucket)))
+        out = ops._allreduce_group(
+            [grads[i] for i in bucket] + riders, op, None, 1.0, 1.0, compression.wire_dtypes(len(bucket))
+        )
         for i, g in zip(bucket, out):
             reduced[i] = g
     for i, g in enumerate(grads):
         if isinstance(g, tf.IndexedSlices):
             reduced[i] = ops.allreduce(g, op=op, compression=compression)
-    return reduced, (out[len(buckets[-1]):] if statistics else [])
+    return reduced, (out[len(buckets[-1]) :] if statistics else [])
 
 
 # KERASDIST_BUCKET_BYTES=auto: about this many buckets, within these sizes. Over a 50 Mbit/s link
@@ -114,8 +116,9 @@ def _buckets(positions, grads, bucket_bytes):
 
 
 def _squared_norm(grads):
-    return tf.add_n([tf.reduce_sum(tf.square(tf.cast(tf.convert_to_tensor(g), tf.float32)))
-                     for g in grads if g is not None])
+    return tf.add_n(
+        [tf.reduce_sum(tf.square(tf.cast(tf.convert_to_tensor(g), tf.float32))) for g in grads if g is not None]
+    )
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
@@ -169,18 +172,28 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     any optimizer).
     """
 
-    def __init__(self, optimizer, op=ops.Average, compression=ops.Compression.none, backward_passes_per_step=1,
-                 sparse_as_dense=False, gradient_noise_scale=None, name=None, **kwargs):
+    def __init__(
+        self,
+        optimizer,
+        op=ops.Average,
+        compression=ops.Compression.none,
+        backward_passes_per_step=1,
+        sparse_as_dense=False,
+        gradient_noise_scale=None,
+        name=None,
+        **kwargs,
+    ):
         runtime.init()  # here, not at the first apply(): that runs inside a traced function
         if not isinstance(optimizer, (str, dict, keras.optimizers.Optimizer)):
-            raise TypeError(f"DistributedOptimizer(optimizer={optimizer!r}): expected a keras.optimizers.Optimizer "
-                            "to wrap, e.g. keras.optimizers.SGD(0.01), or an optimizer's name such as 'sgd'")
+            raise TypeError(
+                f"DistributedOptimizer(optimizer={optimizer!r}): expected a keras.optimizers.Optimizer "
+                "to wrap, e.g. keras.optimizers.SGD(0.01), or an optimizer's name such as 'sgd'"
+            )
         optimizer = keras.optimizers.get(optimizer)
         if isinstance(optimizer, DistributedOptimizer):
             raise ValueError("this optimizer is already a kerasdist.DistributedOptimizer; wrap it once")
         if kwargs:
-            raise ValueError(f"DistributedOptimizer does not take {sorted(kwargs)}: set them on the inner "
-                             "optimizer")
+            raise ValueError(f"DistributedOptimizer does not take {sorted(kwargs)}: set them on the inner optimizer")
         super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
         self.inner_optimizer = optimizer
         self._op_name = _gradient_op_name(op)
@@ -200,8 +213,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self._op_name != "average":
             raise ValueError("the gradient noise scale needs op=kerasdist.Average")
         if self.built:
-            raise ValueError("attach the GradientNoiseScale before the optimizer's first step, e.g. "
-                             "DistributedOptimizer(..., gradient_noise_scale=kerasdist.GradientNoiseScale())")
+            raise ValueError(
+                "attach the GradientNoiseScale before the optimizer's first step, e.g. "
+                "DistributedOptimizer(..., gradient_noise_scale=kerasdist.GradientNoiseScale())"
+            )
         self.gradient_noise_scale = gradient_noise_scale
 
     def gradient_statistics(self, batch_size=None):
@@ -244,8 +259,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             self.inner_optimizer.build(var_list)
         self._micro_step = self.add_variable(shape=(), dtype="int32", name="micro_step")
         self._backward_passes = self.add_variable(
-            shape=(), dtype="int32", initializer=keras.initializers.Constant(self._initial_backward_passes),
-            name="backward_passes_per_step")
+            shape=(),
+            dtype="int32",
+            initializer=keras.initializers.Constant(self._initial_backward_passes),
+            name="backward_passes_per_step",
+        )
         if self.gradient_noise_scale is not None:
             self.gradient_noise_scale.build(self)
         super().build(var_list)
@@ -254,15 +272,17 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
     @_compat.no_automatic_dependency_tracking
     def _create_accumulators(self):
-        self._accumulators = [self.add_variable_from_reference(v, name="gradient_sum")
-                              for v in self._trainable_variables]
+        self._accumulators = [
+            self.add_variable_from_reference(v, name="gradient_sum") for v in self._trainable_variables
+        ]
         if self.gradient_noise_scale is not None:
             self._micro_batch_sq_norms = self.add_variable(shape=(), dtype="float32", name="micro_batch_sq_norms")
 
     def _window_variables(self):
         """The partial sums of the current accumulation window (saved last, see below)."""
-        return (self._accumulators or []) + ([self._micro_batch_sq_norms] if self._micro_batch_sq_norms is not None
-                                             else [])
+        return (self._accumulators or []) + (
+            [self._micro_batch_sq_norms] if self._micro_batch_sq_norms is not None else []
+        )
 
     @property
     def backward_passes_per_step(self):
@@ -279,8 +299,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             return
         if value > 1 and self._accumulators is None:
             if not tf.executing_eagerly():
-                raise RuntimeError("raise backward_passes_per_step from 1 outside tf.function (it creates "
-                                   "variables)")
+                raise RuntimeError("raise backward_passes_per_step from 1 outside tf.function (it creates variables)")
             self._create_accumulators()
         self._backward_passes.assign(value)
 
@@ -335,8 +354,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 raise ValueError("pass trainable_variables to the first apply() (or build the optimizer)")
             with keras.name_scope(self.name, caller=self):
                 self.build(list(trainable_variables))
-        trainable_variables = list(self._trainable_variables if trainable_variables is None
-                                   else trainable_variables)
+        trainable_variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
         grads = list(grads)
         if len(grads) != len(trainable_variables):
             raise ValueError(f"got {len(grads)} gradients for {len(trainable_variables)} variables")
@@ -345,9 +363,11 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         if self._accumulators is None:
             # Built with k = 1: a stale trace must fail, not ignore a k raised later.
             check = tf.debugging.assert_equal(
-                self._backward_passes, 1,
+                self._backward_passes,
+                1,
                 message="backward_passes_per_step was raised from 1 after this function was traced; "
-                        "rebuild it (model.make_train_function(force=True))")
+                "rebuild it (model.make_train_function(force=True))",
+            )
             with tf.control_dependencies([] if check is None else [check]):
                 self._reduce_and_apply(grads, trainable_variables)
         else:
@@ -360,10 +380,10 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         else:
             if micro_batch_sq_norm is None:
                 micro_batch_sq_norm = _squared_norm(grads)
-            reduced, (mean_micro_batch_sq_norm,) = _reduce(grads, self.op, self.compression, self.sparse_as_dense,
-                                                           statistics=[micro_batch_sq_norm])
-            noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced),
-                         big_over_small=batch_multiple(micro_batches))
+            reduced, (mean_micro_batch_sq_norm,) = _reduce(
+                grads, self.op, self.compression, self.sparse_as_dense, statistics=[micro_batch_sq_norm]
+            )
+            noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=batch_multiple(micro_batches))
         with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, trainable_variables)):
             self.inner_optimizer.apply(reduced, trainable_variables)
 
@@ -382,8 +402,12 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             mean_sq_norm = None
             if self._micro_batch_sq_norms is not None:
                 mean_sq_norm = self._micro_batch_sq_norms / tf.cast(micro_step, tf.float32)
-            self._reduce_and_apply([total / tf.cast(micro_step, total.dtype) for total in sums],
-                                   [v for _, v in present], micro_step, mean_sq_norm)
+            self._reduce_and_apply(
+                [total / tf.cast(micro_step, total.dtype) for total in sums],
+                [v for _, v in present],
+                micro_step,
+                mean_sq_norm,
+            )
             for partial in self._window_variables():
                 partial.assign(tf.zeros_like(partial))
             self._micro_step.assign(0)
@@ -405,7 +429,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
                 variable.assign(store[str(i)])
             return
         window = self._window_variables()
-        for i, variable in enumerate(self._variables[:len(self._variables) - len(window)]):
+        for i, variable in enumerate(self._variables[: len(self._variables) - len(window)]):
             if str(i) in store:
                 variable.assign(store[str(i)])
         for partial in window:  # the partial sums did not come back: start a fresh window
@@ -420,9 +444,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "compression": self._compression_name,
             "backward_passes_per_step": self.backward_passes_per_step,
             "sparse_as_dense": self.sparse_as_dense,
-            "gradient_noise_scale": None if self.gradient_noise_scale is None else {
-                "batch_size": self.gradient_noise_scale.batch_size,
-                "ema_decay": self.gradient_noise_scale.ema_decay},
+            "gradient_noise_scale": None
+            if self.gradient_noise_scale is None
+            else {"batch_size": self.gradient_noise_scale.batch_size, "ema_decay": self.gradient_noise_scale.ema_decay},
         }
 
     @classmethod
@@ -438,7 +462,8 @@ _DIFFERENT_WEIGHTS = (
     "trained its own model; rank 0's weights were broadcast to every rank first. Nothing broadcast rank "
     "0's state before training (for model.fit, pass callbacks=kerasdist.callbacks(); in a custom loop, "
     "call kerasdist.broadcast_variables(model.variables, root_rank=0) once they exist), or the model "
-    "was not built when training started.")
+    "was not built when training started."
+)
 
 
 def _same_weights_at_the_first_update(iterations, variables):
@@ -524,8 +549,7 @@ class DistributedGradientTape:
     def __getattr__(self, name):
         return getattr(self._tape, name)
 
-    def gradient(self, target, sources, output_gradients=None,
-                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+    def gradient(self, target, sources, output_gradients=None, unconnected_gradients=tf.UnconnectedGradients.NONE):
         ops._refuse_xla("DistributedGradientTape.gradient")
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)

@@ -4,6 +4,7 @@
 starts the engine thread. A plain ``python train.py`` is an MPI singleton: a world of size 1
 in which every collective is the identity.
 """
+
 import atexit
 import ctypes
 import dataclasses
@@ -15,6 +16,7 @@ import time
 import warnings
 
 from kerasdist.knobs import Knobs, engine_settings
+
 
 @dataclasses.dataclass
 class _State:
@@ -40,7 +42,8 @@ def _library_path():
     if not found:
         raise ImportError(
             "kerasdist's op library is not built; run `make build` (or "
-            "`python setup.py build_ext --inplace`) in the kerasdist checkout")
+            "`python setup.py build_ext --inplace`) in the kerasdist checkout"
+        )
     return found[0]
 
 
@@ -93,8 +96,13 @@ def init():
         path = _library_path()
         ops = tf.load_op_library(path)
         engine = ctypes.CDLL(path)
-        engine.kerasdist_start.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
-                                           ctypes.POINTER(ctypes.c_char_p), ctypes.c_char_p, ctypes.c_int]
+        engine.kerasdist_start.argtypes = [
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.c_char_p,
+            ctypes.c_int,
+        ]
         engine.kerasdist_submit_failure.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
         error = ctypes.create_string_buffer(1024)
         settings = engine_settings(knobs)
@@ -103,9 +111,17 @@ def init():
         failed = engine.kerasdist_start(len(settings), names, values, error, len(error))
         if failed:
             raise RuntimeError(error.value.decode())
-        _state = _State(rank=rank, size=size, local_rank=local.Get_rank(),
-                        local_size=local.Get_size(), cross_rank=cross.Get_rank(), cross_size=cross.Get_size(),
-                        knobs=knobs, ops=ops, engine=engine)
+        _state = _State(
+            rank=rank,
+            size=size,
+            local_rank=local.Get_rank(),
+            local_size=local.Get_size(),
+            cross_rank=cross.Get_rank(),
+            cross_size=cross.Get_size(),
+            knobs=knobs,
+            ops=ops,
+            engine=engine,
+        )
         local.Free()
         cross.Free()
         # Registered after mpi4py's import, so it runs before MPI_Finalize.
@@ -134,10 +150,22 @@ def _fit_tf_thread_pools(tf, cpus, sharing, warn):
     # The inter-op pool gets two threads even on one CPU: with one, TensorFlow runs backprop's
     # chain of ops inline on it and a gradient bucket's collective waits in the pool's queue until
     # the whole backward pass is done, so nothing overlaps. The second thread mostly sleeps.
-    pools = [("intra-op", "TF_NUM_INTRAOP_THREADS", tf.config.threading.get_intra_op_parallelism_threads,
-              tf.config.threading.set_intra_op_parallelism_threads, threads),
-             ("inter-op", "TF_NUM_INTEROP_THREADS", tf.config.threading.get_inter_op_parallelism_threads,
-              tf.config.threading.set_inter_op_parallelism_threads, max(2, threads))]
+    pools = [
+        (
+            "intra-op",
+            "TF_NUM_INTRAOP_THREADS",
+            tf.config.threading.get_intra_op_parallelism_threads,
+            tf.config.threading.set_intra_op_parallelism_threads,
+            threads,
+        ),
+        (
+            "inter-op",
+            "TF_NUM_INTEROP_THREADS",
+            tf.config.threading.get_inter_op_parallelism_threads,
+            tf.config.threading.set_inter_op_parallelism_threads,
+            max(2, threads),
+        ),
+    ]
     too_late = []
     for pool, variable, configured, configure, size in pools:
         if os.environ.get(variable, "").strip() or configured():
@@ -154,7 +182,8 @@ def _fit_tf_thread_pools(tf, cpus, sharing, warn):
             f"Call kerasdist.init() before any TensorFlow work, or set "
             f"{' '.join(f'{variable}={size}' for _, variable, size in too_late)} for every rank "
             f"(KERASDIST_TF_THREADS=off silences this).",
-            stacklevel=3)
+            stacklevel=3,
+        )
 
 
 def _abort_job_on_uncaught_exception(MPI):
@@ -223,8 +252,11 @@ def shutdown():
         if _state.size > 1 and _requested_exit_status:
             # Other ranks may still be in collectives with this one; ending the job now keeps the
             # status the program chose (they would otherwise fail and abort with status 1).
-            _abort_job(f"rank {_state.rank} called sys.exit with status {_requested_exit_status}; "
-                       f"ending the job with that status", _requested_exit_status)
+            _abort_job(
+                f"rank {_state.rank} called sys.exit with status {_requested_exit_status}; "
+                f"ending the job with that status",
+                _requested_exit_status,
+            )
         _state.engine.kerasdist_shutdown()
         stalled = _state.engine.kerasdist_stalled()
         rank, size = _state.rank, _state.size
@@ -234,8 +266,7 @@ def shutdown():
         # A collective timed out: the ranks no longer agree on what ran, even where the program
         # caught the error, so the job must not look successful; and a rank the engine gave up on
         # may still block the others, which only an abort ends.
-        _abort_job(f"a collective timed out on rank {rank} (see the error above); ending the job "
-                   f"with status 1", 1)
+        _abort_job(f"a collective timed out on rank {rank} (see the error above); ending the job with status 1", 1)
 
 
 def is_initialized():

@@ -46,7 +46,10 @@ def turn_off_xla(model):
     """kerasdist's ops have no XLA kernels: a model compiled with jit_compile=True is switched
     to jit_compile=False (with one warning) before Keras traces its functions."""
     if getattr(model, "jit_compile", False):
-        warnings.warn("kerasdist: the model was compiled with jit_compile=True; kerasdist's collectives "
-                      "cannot run under XLA, so it now runs with jit_compile=False", stacklevel=3)
+        warnings.warn(
+            "kerasdist: the model was compiled with jit_compile=True; kerasdist's collectives "
+            "cannot run under XLA, so it now runs with jit_compile=False",
+            stacklevel=3,
+        )
         model.jit_compile = False
         model.train_function = model.test_function = model.predict_function = None

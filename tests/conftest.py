@@ -120,8 +120,7 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.get_closest_marker("timeout") is None:
-            limit = (COLLECTIVE_TEST_TIMEOUT_S if "collectives" in item.path.parts
-                     else DEFAULT_TEST_TIMEOUT_S)
+            limit = COLLECTIVE_TEST_TIMEOUT_S if "collectives" in item.path.parts else DEFAULT_TEST_TIMEOUT_S
             item.add_marker(pytest.mark.timeout(limit, method="thread"))
     if SIZE > 1:
         _check_same_tests_on_every_rank(items)
@@ -139,7 +138,8 @@ def _check_same_tests_on_every_rank(items):
         raise pytest.UsageError(
             "ranks collected different tests (crc32, count) per rank: "
             f"{digests}; collectives would pair up wrongly. Run the same "
-            "command line on every rank and avoid rank-dependent collection.")
+            "command line on every rank and avoid rank-dependent collection."
+        )
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -160,7 +160,6 @@ def _report_other_ranks(session, failed_here):
     if RANK == 0 and bad:
         reporter = session.config.pluginmanager.getplugin("terminalreporter")
         if reporter is not None:
-            reporter.write_sep("!", "failures on other ranks: " + ", ".join(bad)
-                               + "; each prints its own report")
+            reporter.write_sep("!", "failures on other ranks: " + ", ".join(bad) + "; each prints its own report")
         if session.exitstatus == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED

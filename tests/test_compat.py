@@ -3,6 +3,7 @@
 A Keras or TensorFlow upgrade that changes one of them fails here, by name, before it shows up as
 a wrong resume epoch or a hang in a multi-rank test.
 """
+
 import contextlib
 import io
 
@@ -99,8 +100,13 @@ def test_setting_the_initial_epoch_from_on_train_begin_makes_fit_start_there():
     assert epochs == [2, 3]
     _compat.set_initial_epoch(model, None)
     epochs.clear()
-    model.fit(np.zeros((4, 1)), np.zeros((4, 1)), epochs=2, verbose=0, callbacks=[keras.callbacks.LambdaCallback(
-        on_epoch_begin=lambda epoch, logs: epochs.append(epoch))])
+    model.fit(
+        np.zeros((4, 1)),
+        np.zeros((4, 1)),
+        epochs=2,
+        verbose=0,
+        callbacks=[keras.callbacks.LambdaCallback(on_epoch_begin=lambda epoch, logs: epochs.append(epoch))],
+    )
     assert epochs == [0, 1]
 
 

@@ -1,6 +1,7 @@
 """The docs are self-contained: every link in README.md and docs/*.md points at a file of this
 repository (and at a heading that exists there), every docs page can be reached from README.md or
 docs/README.md, and nothing cites the design briefs that lived outside the repository."""
+
 import pathlib
 import re
 
@@ -66,8 +67,11 @@ def page_id(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
 def test_links_stay_inside_the_repository(page):
-    escaping = [target for target in relative_links(page)
-                if not resolve(page, target)[0].is_relative_to(ROOT) or target.startswith("/")]
+    escaping = [
+        target
+        for target in relative_links(page)
+        if not resolve(page, target)[0].is_relative_to(ROOT) or target.startswith("/")
+    ]
     assert not escaping, f"{page_id(page)} links outside the repository: {escaping}"
 
 
@@ -96,12 +100,20 @@ def test_every_docs_page_is_linked_from_an_index():
 def citing_files():
     """Files that must not cite the outside briefs: the docs, the code and the tests. (This file
     names them to look for them.)"""
-    code = [path for folder in ("kerasdist", "tests") for path in (ROOT / folder).rglob("*.py")
-            if path != pathlib.Path(__file__).resolve()]
+    code = [
+        path
+        for folder in ("kerasdist", "tests")
+        for path in (ROOT / folder).rglob("*.py")
+        if path != pathlib.Path(__file__).resolve()
+    ]
     return PAGES + sorted(code)
 
 
 def test_nothing_cites_the_design_briefs_from_outside_the_repository():
-    citations = [f"{path.relative_to(ROOT)}: {brief}" for path in citing_files()
-                 for brief in OUTSIDE_BRIEFS if brief in path.read_text(encoding="utf-8")]
+    citations = [
+        f"{path.relative_to(ROOT)}: {brief}"
+        for path in citing_files()
+        for brief in OUTSIDE_BRIEFS
+        if brief in path.read_text(encoding="utf-8")
+    ]
     assert not citations, f"cite docs/design.md or docs/algorithms.md instead: {citations}"

@@ -46,13 +46,16 @@ def _examples():
                 continue
             objects.append((f"{module_info.name}.{name}", value))
             if inspect.isclass(value):
-                objects += [(f"{module_info.name}.{name}.{attr}", member) for attr, member in vars(value).items()
-                            if not attr.startswith("_") and callable(member)]
+                objects += [
+                    (f"{module_info.name}.{name}.{attr}", member)
+                    for attr, member in vars(value).items()
+                    if not attr.startswith("_") and callable(member)
+                ]
         for qualified, value in objects:
             doc = inspect.getdoc(value) or ""
             if "Example" not in doc:
                 continue
-            example = doc[doc.index("Example"):]
+            example = doc[doc.index("Example") :]
             blocks = re.findall(r"```python\n(.*?)```", example, flags=re.S)
             if blocks:
                 found[qualified] = "\n".join(textwrap.dedent(block) for block in blocks)
@@ -68,8 +71,10 @@ def _instrumented(code):
     for number, line in enumerate(code.splitlines(), start=1):
         printed, shaped = PRINTED.match(line), SHAPED.match(line)
         if printed:
-            lines.append(f"{printed['indent']}__check_printed__(lambda: print({printed['expression']}), "
-                         f"{printed['text']!r}, {number})")
+            lines.append(
+                f"{printed['indent']}__check_printed__(lambda: print({printed['expression']}), "
+                f"{printed['text']!r}, {number})"
+            )
         else:
             lines.append(line)
             if shaped:
@@ -92,17 +97,23 @@ def _check_shape(value, shape, line):
 
 def test_the_examples_are_found():
     names = set(EXAMPLES)
-    for expected in ("kerasdist.models.resnet.cifar_resnet", "kerasdist.optimizers.lars.LARS",
-                     "kerasdist.ops.allreduce", "kerasdist.data.shard"):
+    for expected in (
+        "kerasdist.models.resnet.cifar_resnet",
+        "kerasdist.optimizers.lars.LARS",
+        "kerasdist.ops.allreduce",
+        "kerasdist.data.shard",
+    ):
         assert expected in names, sorted(names)
 
 
 def test_every_example_is_a_python_block_not_a_doctest():
     package = Path(kerasdist.__file__).parent
-    with_doctests = [str(path.relative_to(package)) for path in sorted(package.rglob("*.py"))
-                     if re.search(r"^\s*>>> ", path.read_text(), flags=re.M)]
+    with_doctests = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if re.search(r"^\s*>>> ", path.read_text(), flags=re.M)
+    ]
     assert not with_doctests, f"write these >>> examples as ```python Example blocks: {with_doctests}"
-
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """KERASDIST_* settings: declared once, checked by one rule that init() and kerasdist-run share,
 and a bad value names its variable, the text and what is allowed."""
+
 import os
 import subprocess
 import sys
@@ -19,10 +20,17 @@ def test_defaults_when_nothing_is_set():
 
 
 def test_values_are_read_from_the_environment():
-    got = Knobs.from_environment({"KERASDIST_FUSION_THRESHOLD": "0", "KERASDIST_CYCLE_TIME_MS": "2.5",
-                                  "KERASDIST_LOG_LEVEL": "DEBUG", "KERASDIST_TF_THREADS": " Off ",
-                                  "KERASDIST_MISMATCH_TIMEOUT_S": "0", "KERASDIST_CACHE_CAPACITY": "8",
-                                  "KERASDIST_BUCKET_BYTES": "65536"})
+    got = Knobs.from_environment(
+        {
+            "KERASDIST_FUSION_THRESHOLD": "0",
+            "KERASDIST_CYCLE_TIME_MS": "2.5",
+            "KERASDIST_LOG_LEVEL": "DEBUG",
+            "KERASDIST_TF_THREADS": " Off ",
+            "KERASDIST_MISMATCH_TIMEOUT_S": "0",
+            "KERASDIST_CACHE_CAPACITY": "8",
+            "KERASDIST_BUCKET_BYTES": "65536",
+        }
+    )
     assert (got.fusion_threshold_bytes, got.cycle_time_ms, got.mismatch_timeout_s) == (0, 2.5, 0.0)
     assert (got.log_level, got.tf_threads, got.cache_capacity) == ("debug", "off", 8)
     assert got.bucket_bytes == 65536
@@ -68,19 +76,22 @@ def test_the_launcher_refuses_what_init_refuses_from_the_environment(variable, v
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
 def test_every_knob_has_a_flag_that_sets_its_variable_on_every_rank(knob, capsys):
     text = {"timeline_path": "/tmp/trace.json", "log_level": "INFO", "tf_threads": "off"}.get(knob.field, "7")
-    status = launcher.main(["-np", "2", "--dry-run", knob.flag, text, "python", "t.py"],
-                           environ={"KERASDIST_MPI_FLAVOUR": "mpich"})
+    status = launcher.main(
+        ["-np", "2", "--dry-run", knob.flag, text, "python", "t.py"], environ={"KERASDIST_MPI_FLAVOUR": "mpich"}
+    )
     assert status == 0
-    expected = {"fusion_threshold_bytes": str(7 * 2**20), "bucket_bytes": str(7 * 2**20),
-                "log_level": "info"}.get(knob.field, text)
+    expected = {"fusion_threshold_bytes": str(7 * 2**20), "bucket_bytes": str(7 * 2**20), "log_level": "info"}.get(
+        knob.field, text
+    )
     assert f"-genv {knob.variable} {expected} " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
 def test_every_knob_already_in_the_environment_is_forwarded(knob, capsys):
     value = str(knob.default) if knob.default != "" else "/tmp/t.json"
-    launcher.main(["-np", "2", "--dry-run", "python", "t.py"],
-                  environ={"KERASDIST_MPI_FLAVOUR": "mpich", knob.variable: value})
+    launcher.main(
+        ["-np", "2", "--dry-run", "python", "t.py"], environ={"KERASDIST_MPI_FLAVOUR": "mpich", knob.variable: value}
+    )
     assert f"-genv {knob.variable} {value} " in capsys.readouterr().out
 
 
@@ -125,12 +136,13 @@ start([(n, "soon" if n == "stall_timeout_s" else t) for n, t in every])
 def test_the_engine_takes_every_engine_knob_by_name_and_refuses_the_rest():
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "HYDRA_", "KERASDIST_"))}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    done = subprocess.run([sys.executable, "-c", _ENGINE_START], env=env, capture_output=True, text=True,
-                          timeout=120)
-    results = [line[len("START: "):] for line in done.stdout.splitlines() if line.startswith("START: ")]
+    done = subprocess.run([sys.executable, "-c", _ENGINE_START], env=env, capture_output=True, text=True, timeout=120)
+    results = [line[len("START: ") :] for line in done.stdout.splitlines() if line.startswith("START: ")]
     first = KNOBS[0].field
-    assert results == ["kerasdist: MPI is not initialized",
-                       f"kerasdist: engine setting {first} was not given",
-                       "kerasdist: the engine has no setting bucket_bytes",
-                       f"kerasdist: engine setting {first} given twice",
-                       "kerasdist: engine setting stall_timeout_s=soon is not valid"], done.stderr[-3000:]
+    assert results == [
+        "kerasdist: MPI is not initialized",
+        f"kerasdist: engine setting {first} was not given",
+        "kerasdist: the engine has no setting bucket_bytes",
+        f"kerasdist: engine setting {first} given twice",
+        "kerasdist: engine setting stall_timeout_s=soon is not valid",
+    ], done.stderr[-3000:]

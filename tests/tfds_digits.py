@@ -30,13 +30,15 @@ class KerasdistDigits(tfds.core.GeneratorBasedBuilder):
     def _info(self):
         return tfds.core.DatasetInfo(
             builder=self,
-            features=tfds.features.FeaturesDict({
-                # uint8 in 0-255 like mnist's images, so a script normalizes both the same way.
-                "image": tfds.features.Tensor(shape=(8, 8, 1), dtype=np.uint8),
-                "label": tfds.features.ClassLabel(num_classes=10),
-                # The row in load_digits(): lets tests check which examples each rank read.
-                "id": tfds.features.Scalar(dtype=np.int64),
-            }),
+            features=tfds.features.FeaturesDict(
+                {
+                    # uint8 in 0-255 like mnist's images, so a script normalizes both the same way.
+                    "image": tfds.features.Tensor(shape=(8, 8, 1), dtype=np.uint8),
+                    "label": tfds.features.ClassLabel(num_classes=10),
+                    # The row in load_digits(): lets tests check which examples each rank read.
+                    "id": tfds.features.Scalar(dtype=np.int64),
+                }
+            ),
             supervised_keys=("image", "label"),
             description=self.__doc__,
         )
@@ -48,10 +50,11 @@ class KerasdistDigits(tfds.core.GeneratorBasedBuilder):
 
         digits = load_digits()
         rows = np.arange(len(digits.target))
-        train_rows, test_rows = train_test_split(rows, test_size=TEST_FRACTION, random_state=0,
-                                                 stratify=digits.target)
-        return {"train": self._generate_examples(digits, train_rows),
-                "test": self._generate_examples(digits, test_rows)}
+        train_rows, test_rows = train_test_split(rows, test_size=TEST_FRACTION, random_state=0, stratify=digits.target)
+        return {
+            "train": self._generate_examples(digits, train_rows),
+            "test": self._generate_examples(digits, test_rows),
+        }
 
     def _generate_examples(self, digits, rows):
         for row in rows:
@@ -63,8 +66,9 @@ class KerasdistDigits(tfds.core.GeneratorBasedBuilder):
 def prepare(data_dir, num_shards):
     """Writes both splits into `data_dir`, each in `num_shards` record files; returns the builder."""
     builder = KerasdistDigits(data_dir=str(data_dir))
-    builder.download_and_prepare(download_config=tfds.download.DownloadConfig(
-        num_shards=num_shards, try_download_gcs=False))
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(num_shards=num_shards, try_download_gcs=False)
+    )
     return builder
 
 
@@ -74,6 +78,10 @@ if __name__ == "__main__":
     parser.add_argument("--num_shards", type=int, default=6, help="Record files per split.")
     arguments = parser.parse_args()
     prepared = prepare(arguments.data_dir, arguments.num_shards)
-    print(f"prepared {NAME} in {prepared.data_dir}: "
-          + ", ".join(f"{name} {split.num_examples} examples in {split.num_shards} files"
-                      for name, split in prepared.info.splits.items()))
+    print(
+        f"prepared {NAME} in {prepared.data_dir}: "
+        + ", ".join(
+            f"{name} {split.num_examples} examples in {split.num_shards} files"
+            for name, split in prepared.info.splits.items()
+        )
+    )

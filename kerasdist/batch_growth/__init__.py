@@ -16,5 +16,13 @@ from kerasdist.batch_growth.curvature import HessianEigenpair, HessianPowerItera
 from kerasdist.batch_growth.noise_scale import GradientNoiseScale
 from kerasdist.batch_growth.signals import CurvatureSignal, GrowthSignal, NoiseScaleSignal
 
-__all__ = ["AdaptiveBatchGrowth", "CurvatureSignal", "GradientNoiseScale", "GrowthSignal", "HessianEigenpair",
-           "HessianPowerIteration", "NoiseScaleSignal", "top_hessian_eigenvalue"]
+__all__ = [
+    "AdaptiveBatchGrowth",
+    "CurvatureSignal",
+    "GradientNoiseScale",
+    "GrowthSignal",
+    "HessianEigenpair",
+    "HessianPowerIteration",
+    "NoiseScaleSignal",
+    "top_hessian_eigenvalue",
+]

@@ -6,8 +6,13 @@ import keras
 
 from kerasdist import ops, runtime
 from kerasdist.batch_growth.signals import named_signal
-from kerasdist.learning_rate import (batch_multiple, check_scaling, current_learning_rate, scaling_factor,
-                                     set_learning_rate)
+from kerasdist.learning_rate import (
+    batch_multiple,
+    check_scaling,
+    current_learning_rate,
+    scaling_factor,
+    set_learning_rate,
+)
 
 
 class AdaptiveBatchGrowth(keras.callbacks.Callback):
@@ -77,9 +82,21 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
     ```
     """
 
-    def __init__(self, signal="noise_scale", batch_size=None, growth_factor=2, max_batch_size=None,
-                 lr_scaling="linear", check_every_epochs=1, max_epochs_without_growth=None, curvature_data=None,
-                 loss_fn=None, hessian_iterations=10, hessian_tolerance=1e-2, verbose=0):
+    def __init__(
+        self,
+        signal="noise_scale",
+        batch_size=None,
+        growth_factor=2,
+        max_batch_size=None,
+        lr_scaling="linear",
+        check_every_epochs=1,
+        max_epochs_without_growth=None,
+        curvature_data=None,
+        loss_fn=None,
+        hessian_iterations=10,
+        hessian_tolerance=1e-2,
+        verbose=0,
+    ):
         super().__init__()
         self._growth_signal = named_signal(signal, curvature_data, loss_fn, hessian_iterations, hessian_tolerance)
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -103,8 +120,10 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
     def _optimizer(self):
         optimizer = getattr(self.model, "optimizer", None)
         if not hasattr(optimizer, "set_backward_passes_per_step"):
-            raise ValueError("AdaptiveBatchGrowth grows backward_passes_per_step of a kerasdist.DistributedOptimizer; "
-                             f"the model's optimizer is {type(optimizer).__name__}")
+            raise ValueError(
+                "AdaptiveBatchGrowth grows backward_passes_per_step of a kerasdist.DistributedOptimizer; "
+                f"the model's optimizer is {type(optimizer).__name__}"
+            )
         return optimizer
 
     def set_model(self, model):
@@ -124,19 +143,23 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         grown_batch = batch * self.growth_factor
         value = self._growth_signal.measure()
         wants = math.isfinite(value) and self._growth_signal.wants_more_batch(value, grown_batch)
-        overdue = (self.max_epochs_without_growth is not None
-                   and self._checks_without_growth + 1 >= self.max_epochs_without_growth)
+        overdue = (
+            self.max_epochs_without_growth is not None
+            and self._checks_without_growth + 1 >= self.max_epochs_without_growth
+        )
         capped = self.max_batch_size is not None and grown_batch > self.max_batch_size
         grow = ops.broadcast_object((wants or overdue) and not capped, root_rank=0)
         learning_rate = current_learning_rate(optimizer)
         log_key = self._growth_signal.log_key
-        self.history.append({"epoch": epoch, "batch_size": batch, "learning_rate": learning_rate, log_key: value,
-                             "grew": grow})
+        self.history.append(
+            {"epoch": epoch, "batch_size": batch, "learning_rate": learning_rate, log_key: value, "grew": grow}
+        )
         if logs is not None:
             logs.update({"batch_size": batch, "learning_rate": learning_rate, log_key: value})
         if grow:
-            optimizer.set_backward_passes_per_step(optimizer.backward_passes_per_step * self.growth_factor,
-                                                   model=self.model)
+            optimizer.set_backward_passes_per_step(
+                optimizer.backward_passes_per_step * self.growth_factor, model=self.model
+            )
             set_learning_rate(optimizer, learning_rate * scaling_factor(self.growth_factor, self.lr_scaling))
             self._growth_signal.batch_grew(value)
             self._checks_without_growth = 0

@@ -179,7 +179,8 @@ class HessianPowerIteration:
                 examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float64)
                 *weighted_sums, rayleigh_sum, total_examples = ops.grouped_allreduce(
                     [*(p * tf.cast(examples, p.dtype) for p in products), rayleigh_quotient * examples, examples],
-                    op=ops.Sum)
+                    op=ops.Sum,
+                )
                 products = [s / tf.cast(total_examples, s.dtype) for s in weighted_sums]
                 rayleigh_quotient = rayleigh_sum / total_examples
             norm = tf.sqrt(_dot(products, products))
@@ -190,8 +191,9 @@ class HessianPowerIteration:
         return power_step
 
 
-def top_hessian_eigenvalue(model, loss_fn, x, y, sample_weight=None, *, iterations=20, tolerance=1e-2, seed=0,
-                           training=False):
+def top_hessian_eigenvalue(
+    model, loss_fn, x, y, sample_weight=None, *, iterations=20, tolerance=1e-2, seed=0, training=False
+):
     """The top Hessian eigenvalue of `loss_fn` over the union of every rank's (`x`, `y`).
 
     A one-off `HessianPowerIteration(model, loss_fn, training=training)(x, y, ...)`; see there
@@ -228,9 +230,11 @@ def _mean_loss(loss_fn):
             raise ValueError(f"loss_fn={loss_fn!r}; expected a keras.losses.Loss, a loss name or a function")
         loss = _compat.LossFunctionWrapper(loss)  # what model.compile does with a function
     if loss.reduction not in ("sum_over_batch_size", "mean"):
-        raise ValueError(f"loss_fn has reduction={loss.reduction!r}; the shards are weighted by their example "
-                         "counts, which needs the mean over examples: build the loss with "
-                         "reduction='sum_over_batch_size' (the default)")
+        raise ValueError(
+            f"loss_fn has reduction={loss.reduction!r}; the shards are weighted by their example "
+            "counts, which needs the mean over examples: build the loss with "
+            "reduction='sum_over_batch_size' (the default)"
+        )
     return loss
 
 

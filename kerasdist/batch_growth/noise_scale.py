@@ -53,12 +53,20 @@ class GradientNoiseScale:
 
     def build(self, optimizer):
         """Creates the statistics' variables through `optimizer` (so they are saved with it)."""
+
         def scalar(name):
             return optimizer.add_variable(shape=(), dtype="float32", name=name)
 
-        self._variables = {name: scalar(name) for name in (
-            "noise_gradient_sq_ema", "noise_trace_ema", "noise_updates", "noise_last_gradient_sq",
-            "noise_last_trace")}
+        self._variables = {
+            name: scalar(name)
+            for name in (
+                "noise_gradient_sq_ema",
+                "noise_trace_ema",
+                "noise_updates",
+                "noise_last_gradient_sq",
+                "noise_last_trace",
+            )
+        }
 
     @property
     def built(self):
@@ -116,10 +124,9 @@ class GradientNoiseScale:
         updates = self.updates
         if updates == 0:
             return math.nan
-        return self._value(name) / (1.0 - self.ema_decay ** updates)
+        return self._value(name) / (1.0 - self.ema_decay**updates)
 
     def _batch_size(self):
         if not self.batch_size:
-            raise ValueError("GradientNoiseScale needs batch_size (the per-rank micro-batch size) to report "
-                             "in samples")
+            raise ValueError("GradientNoiseScale needs batch_size (the per-rank micro-batch size) to report in samples")
         return float(self.batch_size)

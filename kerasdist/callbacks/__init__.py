@@ -21,13 +21,33 @@ from kerasdist.callbacks.metric_average import MetricAverage
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
 from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
 
-__all__ = ["AdaptiveBatchGrowth", "BroadcastGlobalState", "LearningRateSchedule", "LearningRateWarmup", "MetricAverage",
-           "Rank0Checkpoint", "Rank0ProgbarLogger", "TrustRatioLogger", "default_callbacks"]
+__all__ = [
+    "AdaptiveBatchGrowth",
+    "BroadcastGlobalState",
+    "LearningRateSchedule",
+    "LearningRateWarmup",
+    "MetricAverage",
+    "Rank0Checkpoint",
+    "Rank0ProgbarLogger",
+    "TrustRatioLogger",
+    "default_callbacks",
+]
 
 
-def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scaling="linear", checkpoint_dir=None,
-                      resume=False, monitor="val_loss", save_best_only=False, tensorboard_dir=None, csv_path=None,
-                      batch_growth=None, extra=()):
+def default_callbacks(
+    root_rank=0,
+    average_metrics=True,
+    warmup_epochs=0,
+    scaling="linear",
+    checkpoint_dir=None,
+    resume=False,
+    monitor="val_loss",
+    save_best_only=False,
+    tensorboard_dir=None,
+    csv_path=None,
+    batch_growth=None,
+    extra=(),
+):
     """The callbacks a distributed `model.fit` needs, in the order they must run.
 
     Always: `BroadcastGlobalState` (everyone starts from `root_rank`'s state), `MetricAverage`
@@ -67,12 +87,16 @@ def default_callbacks(root_rank=0, average_metrics=True, warmup_epochs=0, scalin
     if warmup_epochs:
         callbacks.append(LearningRateWarmup(warmup_epochs, scaling=scaling))
     if batch_growth is not None:
-        callbacks.append(batch_growth if isinstance(batch_growth, AdaptiveBatchGrowth)
-                         else AdaptiveBatchGrowth(**batch_growth))
+        callbacks.append(
+            batch_growth if isinstance(batch_growth, AdaptiveBatchGrowth) else AdaptiveBatchGrowth(**batch_growth)
+        )
     callbacks.extend(extra)
     if checkpoint_dir is not None:
-        callbacks.append(Rank0Checkpoint(checkpoint_dir, resume=resume, monitor=monitor,
-                                         save_best_only=save_best_only, root_rank=root_rank))
+        callbacks.append(
+            Rank0Checkpoint(
+                checkpoint_dir, resume=resume, monitor=monitor, save_best_only=save_best_only, root_rank=root_rank
+            )
+        )
     if is_root and tensorboard_dir is not None:
         callbacks.append(keras.callbacks.TensorBoard(tensorboard_dir))
     if is_root and csv_path is not None:

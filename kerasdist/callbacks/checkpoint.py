@@ -115,12 +115,21 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     ```
     """
 
-    def __init__(self, directory, filename="epoch{epoch:04d}.keras", monitor="val_loss", mode="auto",
-                 save_best_only=False, keep_last=None, resume=False, root_rank=0, verbose=0):
+    def __init__(
+        self,
+        directory,
+        filename="epoch{epoch:04d}.keras",
+        monitor="val_loss",
+        mode="auto",
+        save_best_only=False,
+        keep_last=None,
+        resume=False,
+        root_rank=0,
+        verbose=0,
+    ):
         super().__init__(monitor, mode)
         _check_filename(filename)
-        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
-                                      or keep_last < 1):
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1):
             raise ValueError(f"keep_last={keep_last!r} must be None (keep all) or an integer >= 1")
         world = runtime.state()
         if not 0 <= root_rank < world.size:
@@ -139,14 +148,16 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             # Every rank must learn the epoch to continue from: a collective, under a name of its own
             # so that a constructor run on one rank only fails as a mismatch naming it.
             try:
-                latest, kept = on_root_for_every_rank(self._prepare_directory, root_rank,
-                                                      name="Rank0Checkpoint(resume=True)")
+                latest, kept = on_root_for_every_rank(
+                    self._prepare_directory, root_rank, name="Rank0Checkpoint(resume=True)"
+                )
             except tf.errors.FailedPreconditionError as error:
                 raise RuntimeError(
                     "Rank0Checkpoint(resume=True) is a collective: construct it on every rank, not only "
                     f"under `if rank == {root_rank}:` (every rank must learn the epoch to resume from; only "
                     f"rank {root_rank} writes). Without resume it may be built on rank {root_rank} alone. "
-                    f"[{error.message}]") from None
+                    f"[{error.message}]"
+                ) from None
         elif self._is_root:
             self._prepare_directory()  # without resume nothing is shared: no collective here
         self.resumed_from = latest
@@ -175,11 +186,15 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             os.close(handle)
             os.remove(probe)
         except OSError as error:
-            reason = ("it exists and is not a directory" if os.path.exists(self.directory)
-                      and not os.path.isdir(self.directory) else error.strerror or str(error))
+            reason = (
+                "it exists and is not a directory"
+                if os.path.exists(self.directory) and not os.path.isdir(self.directory)
+                else error.strerror or str(error)
+            )
             raise type(error)(
                 f"Rank0Checkpoint: rank {self.root_rank} cannot write checkpoints to {self.directory!r} "
-                f"({reason}); pass a directory that rank {self.root_rank} can create and write to") from error
+                f"({reason}); pass a directory that rank {self.root_rank} can create and write to"
+            ) from error
         for name in os.listdir(self.directory):
             if name.startswith(PARTIAL_PREFIX):  # from a save that was interrupted
                 os.remove(os.path.join(self.directory, name))
@@ -193,8 +208,10 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     def _restore(self):
         # Keras creates optimizer variables at the first step; they must exist to be loaded into.
         if not training_state.build_optimizer(self.model) or not self.model.built:
-            raise ValueError("Rank0Checkpoint(resume=True) needs a model that is built when fit() starts; "
-                             "give it an input shape (keras.Input or model.build) before fit()")
+            raise ValueError(
+                "Rank0Checkpoint(resume=True) needs a model that is built when fit() starts; "
+                "give it an input shape (keras.Input or model.build) before fit()"
+            )
         path = self.resumed_from.path
         on_root_for_every_rank(lambda: self.model.load_weights(path), self.root_rank)
         training_state.broadcast_training_state(self.model, self.root_rank)
@@ -225,8 +242,11 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             return True
         current = logs.get(self.monitor)
         if current is None:
-            warnings.warn(f"Rank0Checkpoint: can save the best model only with {self.monitor!r} in the "
-                          f"logs (it has {sorted(logs)}); saving this epoch", stacklevel=2)
+            warnings.warn(
+                f"Rank0Checkpoint: can save the best model only with {self.monitor!r} in the "
+                f"logs (it has {sorted(logs)}); saving this epoch",
+                stacklevel=2,
+            )
             return True
         best_text = "None" if self.best is None else f"{self.best:.5f}"
         if not self._is_improvement(current, self.best):
@@ -234,8 +254,10 @@ class Rank0Checkpoint(_compat.MonitorCallback):
                 _compat.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} did not improve from {best_text}")
             return False
         if self.verbose > 0:
-            _compat.print_msg(f"\nEpoch {epoch + 1}: {self.monitor} improved from {best_text} to "
-                               f"{float(current):.5f}, saving model to {name}")
+            _compat.print_msg(
+                f"\nEpoch {epoch + 1}: {self.monitor} improved from {best_text} to "
+                f"{float(current):.5f}, saving model to {name}"
+            )
         self.best = float(current)
         return True
 
@@ -243,8 +265,7 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         """Writes one checkpoint so that a crash at any point leaves the previous one usable."""
         path = os.path.join(self.directory, name)
         partial = os.path.join(self.directory, PARTIAL_PREFIX + name)  # ends in .keras, as save() wants
-        metadata = {"epoch": epochs_done, "monitor": self.monitor,
-                    "best": self.best if self.save_best_only else None}
+        metadata = {"epoch": epochs_done, "monitor": self.monitor, "best": self.best if self.save_best_only else None}
         try:
             self.model.save(partial)
             # The epoch travels inside the archive, so it is replaced together with the weights
@@ -260,9 +281,10 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         self._kept = [kept for kept in self._kept if kept != name] + [name]
         dropped = []
         if self.keep_last is not None:
-            dropped, self._kept = self._kept[:-self.keep_last], self._kept[-self.keep_last:]
-        _write_atomically(os.path.join(self.directory, STATE_FILENAME),
-                          json.dumps({"latest": name, "kept": self._kept}))
+            dropped, self._kept = self._kept[: -self.keep_last], self._kept[-self.keep_last :]
+        _write_atomically(
+            os.path.join(self.directory, STATE_FILENAME), json.dumps({"latest": name, "kept": self._kept})
+        )
         for old in dropped:  # only after the record no longer names them
             try:
                 os.remove(os.path.join(self.directory, old))
@@ -274,16 +296,19 @@ def _check_filename(filename):
     if not isinstance(filename, str) or not filename.endswith(".keras"):
         raise ValueError(f"filename={filename!r} must end in '.keras' (Rank0Checkpoint saves whole models)")
     if os.path.basename(filename) != filename or filename.startswith(PARTIAL_PREFIX):
-        raise ValueError(f"filename={filename!r} must be a plain file name inside `directory`, not a path, and "
-                         f"not start with {PARTIAL_PREFIX!r}")
+        raise ValueError(
+            f"filename={filename!r} must be a plain file name inside `directory`, not a path, and "
+            f"not start with {PARTIAL_PREFIX!r}"
+        )
 
 
 def _format_filename(filename, epoch, logs):
     try:
         return filename.format(epoch=epoch + 1, **logs)
     except (KeyError, IndexError, ValueError) as error:
-        raise ValueError(f"Rank0Checkpoint: cannot format filename={filename!r} with epoch and the logs "
-                         f"{sorted(logs)}: {error!r}") from error
+        raise ValueError(
+            f"Rank0Checkpoint: cannot format filename={filename!r} with epoch and the logs {sorted(logs)}: {error!r}"
+        ) from error
 
 
 def _read_latest(directory):
@@ -310,18 +335,24 @@ def _read_latest(directory):
         except FileNotFoundError:
             if name != latest:
                 continue  # an older one deleted by hand: nothing to fall back to there
-            raise FileNotFoundError(f"{record_path} names {path} as the latest checkpoint, but it is missing; "
-                                    "put it back, or delete the record to start afresh") from None
+            raise FileNotFoundError(
+                f"{record_path} names {path} as the latest checkpoint, but it is missing; "
+                "put it back, or delete the record to start afresh"
+            ) from None
         except (KeyError, TypeError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as error:
             damaged.append(f"{path} ({type(error).__name__}: {error})")
             continue
         if damaged:
-            warnings.warn(f"Rank0Checkpoint: {' and '.join(damaged)} cannot be read as a checkpoint written by "
-                          f"Rank0Checkpoint; using the newest intact one, {path} (epoch {checkpoint.epoch})",
-                          stacklevel=3)
-        return checkpoint, record["kept"][:record["kept"].index(name) + 1] if name in record["kept"] else [name]
-    raise OSError(f"no checkpoint recorded in {record_path} can be read: {'; '.join(damaged)}. Each must be a "
-                  "checkpoint written by Rank0Checkpoint; delete the record to start afresh")
+            warnings.warn(
+                f"Rank0Checkpoint: {' and '.join(damaged)} cannot be read as a checkpoint written by "
+                f"Rank0Checkpoint; using the newest intact one, {path} (epoch {checkpoint.epoch})",
+                stacklevel=3,
+            )
+        return checkpoint, record["kept"][: record["kept"].index(name) + 1] if name in record["kept"] else [name]
+    raise OSError(
+        f"no checkpoint recorded in {record_path} can be read: {'; '.join(damaged)}. Each must be a "
+        "checkpoint written by Rank0Checkpoint; delete the record to start afresh"
+    )
 
 
 def _read_record(path):
@@ -335,11 +366,17 @@ def _read_record(path):
         record, reason = None, f"{type(error).__name__}: {error}"
     else:
         reason = "it lacks 'latest' or 'kept'"
-    valid = (isinstance(record, dict) and isinstance(record.get("latest"), str)
-             and isinstance(record.get("kept"), list) and all(isinstance(name, str) for name in record["kept"]))
+    valid = (
+        isinstance(record, dict)
+        and isinstance(record.get("latest"), str)
+        and isinstance(record.get("kept"), list)
+        and all(isinstance(name, str) for name in record["kept"])
+    )
     if not valid:
-        raise ValueError(f"{path} is not a checkpoint record written by Rank0Checkpoint ({reason}); restore it, "
-                         "or delete it to start afresh")
+        raise ValueError(
+            f"{path} is not a checkpoint record written by Rank0Checkpoint ({reason}); restore it, "
+            "or delete it to start afresh"
+        )
     return record
 
 

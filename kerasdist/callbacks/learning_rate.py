@@ -35,8 +35,10 @@ class _LearningRateCallback(keras.callbacks.Callback):
         if self.steps_per_epoch is None:
             self.steps_per_epoch = self.params.get("steps")
         if not self.steps_per_epoch and self._needs_steps_per_epoch():
-            raise ValueError(f"{type(self).__name__} needs the number of steps per epoch: pass "
-                             "steps_per_epoch= to it (the dataset's length is unknown)")
+            raise ValueError(
+                f"{type(self).__name__} needs the number of steps per epoch: pass "
+                "steps_per_epoch= to it (the dataset's length is unknown)"
+            )
 
     def _needs_steps_per_epoch(self):
         return True
@@ -96,12 +98,21 @@ class LearningRateWarmup(_LearningRateCallback):
     ```
     """
 
-    def __init__(self, warmup_epochs=5, scaling="linear", initial_lr=None, steps_per_epoch=None,
-                 momentum_correction=True, verbose=0):
+    def __init__(
+        self,
+        warmup_epochs=5,
+        scaling="linear",
+        initial_lr=None,
+        steps_per_epoch=None,
+        momentum_correction=True,
+        verbose=0,
+    ):
         super().__init__(initial_lr, scaling, steps_per_epoch, momentum_correction, verbose)
         if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, numbers.Real):
-            raise TypeError(f"warmup_epochs={warmup_epochs!r} must be a number of epochs (fractions allowed), "
-                            f"not a {type(warmup_epochs).__name__}")
+            raise TypeError(
+                f"warmup_epochs={warmup_epochs!r} must be a number of epochs (fractions allowed), "
+                f"not a {type(warmup_epochs).__name__}"
+            )
         if not (math.isfinite(warmup_epochs) and warmup_epochs > 0):
             raise ValueError(f"warmup_epochs={warmup_epochs!r} must be a finite number of epochs > 0")
         self.warmup_epochs = warmup_epochs
@@ -143,8 +154,18 @@ class LearningRateSchedule(_LearningRateCallback):
         ]
     """
 
-    def __init__(self, multiplier, start_epoch=0, end_epoch=None, staircase=True, initial_lr=None,
-                 scaling="linear", steps_per_epoch=None, momentum_correction=True, verbose=0):
+    def __init__(
+        self,
+        multiplier,
+        start_epoch=0,
+        end_epoch=None,
+        staircase=True,
+        initial_lr=None,
+        scaling="linear",
+        steps_per_epoch=None,
+        momentum_correction=True,
+        verbose=0,
+    ):
         super().__init__(initial_lr, scaling, steps_per_epoch, momentum_correction, verbose)
         self.multiplier = multiplier if callable(multiplier) else (lambda epoch: multiplier)
         self.start_epoch = start_epoch

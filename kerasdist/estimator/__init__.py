@@ -22,8 +22,16 @@ from kerasdist.estimator.estimator import Estimator, train_and_evaluate
 from kerasdist.estimator.inputs import InputContext
 from kerasdist.estimator.spec import EstimatorSpec, ModeKeys
 
-__all__ = ["EstimatorSpec", "Estimator", "EvalSpec", "InputContext", "ModeKeys", "RunConfig", "TrainSpec",
-           "train_and_evaluate"]
+__all__ = [
+    "EstimatorSpec",
+    "Estimator",
+    "EvalSpec",
+    "InputContext",
+    "ModeKeys",
+    "RunConfig",
+    "TrainSpec",
+    "train_and_evaluate",
+]
 
 # Users import these from here: here is where they are documented, shown and pickled from.
 for _name in __all__:

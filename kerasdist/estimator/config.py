@@ -2,7 +2,7 @@
 
 import dataclasses
 import os
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import keras
 
@@ -45,12 +45,12 @@ class RunConfig:
     ```
     """
 
-    model_dir: Optional[str] = None
-    save_summary_steps: Optional[int] = 100
-    save_checkpoints_steps: Optional[int] = None
-    save_checkpoints_secs: Optional[float] = None
-    keep_checkpoint_max: Optional[int] = 5
-    log_step_count_steps: Optional[int] = 100
+    model_dir: str | None = None
+    save_summary_steps: int | None = 100
+    save_checkpoints_steps: int | None = None
+    save_checkpoints_secs: float | None = None
+    keep_checkpoint_max: int | None = 5
+    log_step_count_steps: int | None = 100
 
     def __post_init__(self):
         if self.model_dir is not None:
@@ -85,7 +85,7 @@ class TrainSpec:
     """
 
     input_fn: Callable
-    max_steps: Optional[int] = None
+    max_steps: int | None = None
     callbacks: Sequence[keras.callbacks.Callback] = ()
 
     def __post_init__(self):
@@ -108,9 +108,9 @@ class EvalSpec:
     """
 
     input_fn: Callable
-    steps: Optional[int] = None
-    name: Optional[str] = None
-    every_n_steps: Optional[int] = None
+    steps: int | None = None
+    name: str | None = None
+    every_n_steps: int | None = None
 
     def __post_init__(self):
         if not callable(self.input_fn):

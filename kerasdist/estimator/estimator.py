@@ -17,8 +17,13 @@ from kerasdist import data, ops, runtime
 from kerasdist.coordination import metric_states_summed_over_ranks, on_root_for_every_rank
 from kerasdist.estimator.config import ROOT_RANK, EvalSpec, RunConfig, TrainSpec, _check_count
 from kerasdist.estimator.graph import _ModeGraph
-from kerasdist.estimator.inputs import (InputContext, _accepted_arguments, _batches_every_rank_has,
-                                        _features_and_labels, _together)
+from kerasdist.estimator.inputs import (
+    InputContext,
+    _accepted_arguments,
+    _batches_every_rank_has,
+    _features_and_labels,
+    _together,
+)
 from kerasdist.estimator.rank0 import _Rank0Saver, _ScalarWriters, _without_tensorflow_info
 from kerasdist.estimator.spec import EstimatorSpec, ModeKeys
 
@@ -101,19 +106,23 @@ class Estimator:
     """
 
     def __init__(self, model_fn, model_dir=None, config=None, params=None):
-        self._model_fn_arguments = _accepted_arguments(model_fn, ("features", "labels", "mode", "params", "config"),
-                                                       "model_fn")
+        self._model_fn_arguments = _accepted_arguments(
+            model_fn, ("features", "labels", "mode", "params", "config"), "model_fn"
+        )
         if "features" not in self._model_fn_arguments:
-            raise ValueError("model_fn must take an argument named `features` (and, as needed, labels, mode, "
-                             "params, config)")
+            raise ValueError(
+                "model_fn must take an argument named `features` (and, as needed, labels, mode, params, config)"
+            )
         config = RunConfig() if config is None else config
         if not isinstance(config, RunConfig):
             raise TypeError(f"config must be a kerasdist.estimator.RunConfig; got {type(config).__name__}")
         if model_dir is not None:
             model_dir = os.fspath(model_dir)
             if config.model_dir is not None and config.model_dir != model_dir:
-                raise ValueError(f"model_dir={model_dir!r} differs from config.model_dir={config.model_dir!r}; "
-                                 "give one, or the same in both")
+                raise ValueError(
+                    f"model_dir={model_dir!r} differs from config.model_dir={config.model_dir!r}; "
+                    "give one, or the same in both"
+                )
         else:
             model_dir = config.model_dir
         world = runtime.state()
@@ -335,9 +344,14 @@ class Estimator:
     def _input(self, input_fn, mode):
         """(dataset, its first element or None, an iterator over all its elements)."""
         accepted = _accepted_arguments(input_fn, ("params", "mode", "config", "input_context"), "input_fn")
-        available = {"params": self._params, "mode": mode, "config": self._config,
-                     "input_context": InputContext(num_input_pipelines=self._size, input_pipeline_id=self._rank,
-                                                   num_replicas_in_sync=self._size)}
+        available = {
+            "params": self._params,
+            "mode": mode,
+            "config": self._config,
+            "input_context": InputContext(
+                num_input_pipelines=self._size, input_pipeline_id=self._rank, num_replicas_in_sync=self._size
+            ),
+        }
         dataset = input_fn(**{name: available[name] for name in accepted})
         if not isinstance(dataset, tf.data.Dataset):
             raise TypeError(f"input_fn must return a tf.data.Dataset of batches; got {type(dataset).__name__}")
@@ -358,14 +372,21 @@ class Estimator:
     def _call_model_fn(self, features, labels, mode):
         if labels is not None and "labels" not in self._model_fn_arguments:
             raise ValueError("model_fn takes no `labels` argument, but input_fn's elements are (features, labels)")
-        available = {"features": features, "labels": labels, "mode": mode, "params": self._params,
-                     "config": self._config}
+        available = {
+            "features": features,
+            "labels": labels,
+            "mode": mode,
+            "params": self._params,
+            "config": self._config,
+        }
         spec = self._model_fn(**{name: available[name] for name in self._model_fn_arguments})
         if not isinstance(spec, EstimatorSpec):
             raise TypeError(f"model_fn must return a kerasdist.estimator.EstimatorSpec; got {type(spec).__name__}")
         if spec.mode != mode:
-            raise ValueError(f"model_fn was called in mode {mode!r} but returned an EstimatorSpec for mode "
-                             f"{spec.mode!r}; pass the mode it got to EstimatorSpec")
+            raise ValueError(
+                f"model_fn was called in mode {mode!r} but returned an EstimatorSpec for mode "
+                f"{spec.mode!r}; pass the mode it got to EstimatorSpec"
+            )
         return spec
 
     def _restore(self, graph, checkpoint_path, what):
@@ -378,8 +399,10 @@ class Estimator:
             if path is not None:
                 _logger.info("Restored from %s (global step %d) for %s", path, int(graph.global_step.numpy()), what)
             elif what != "training":
-                warnings.warn(f"kerasdist.estimator: no checkpoint in {self.model_dir!r}; {what} with the "
-                              "initial weights", stacklevel=3)
+                warnings.warn(
+                    f"kerasdist.estimator: no checkpoint in {self.model_dir!r}; {what} with the initial weights",
+                    stacklevel=3,
+                )
         return path
 
     def _load_on_root(self, graph, checkpoint_path):
@@ -394,8 +417,10 @@ class Estimator:
 
     def _export_on_root(self, path, checkpoint_path):
         if self._features_spec is None:
-            raise ValueError("export_model needs the structure of the features: call train, evaluate or predict "
-                             "with this Estimator first")
+            raise ValueError(
+                "export_model needs the structure of the features: call train, evaluate or predict "
+                "with this Estimator first"
+            )
         graph = self._graph_for(ModeKeys.PREDICT, self._features_spec, None)
         loaded = self._load_on_root(graph, checkpoint_path)
         if loaded is None:
@@ -410,8 +435,11 @@ class Estimator:
     # Summaries (rank 0)
 
     def _log_evaluation(self, results, name):
-        _logger.info("Evaluation at global step %d: %s", results["global_step"],
-                     ", ".join(f"{key} = {value}" for key, value in results.items() if key != "global_step"))
+        _logger.info(
+            "Evaluation at global step %d: %s",
+            results["global_step"],
+            ", ".join(f"{key} = {value}" for key, value in results.items() if key != "global_step"),
+        )
         scalars = {key: value for key, value in results.items() if key != "global_step" and np.ndim(value) == 0}
         directory = os.path.join(self.model_dir, "eval" if name is None else f"eval_{name}")
         self._scalar_writers.write(directory, results["global_step"], scalars)
@@ -476,8 +504,14 @@ def train_and_evaluate(estimator, train_spec, eval_spec):
         evaluations.append(estimator.evaluate(eval_spec.input_fn, steps=eval_spec.steps, name=eval_spec.name))
 
     every = eval_spec.every_n_steps or estimator.config.save_checkpoints_steps
-    final_step = estimator._train(train_spec.input_fn, None, train_spec.max_steps, list(train_spec.callbacks),
-                                  evaluate_every=every, evaluate=evaluate)
+    final_step = estimator._train(
+        train_spec.input_fn,
+        None,
+        train_spec.max_steps,
+        list(train_spec.callbacks),
+        evaluate_every=every,
+        evaluate=evaluate,
+    )
     if not evaluations or evaluations[-1]["global_step"] != final_step:
         evaluate()
     return evaluations[-1]
@@ -507,7 +541,9 @@ def _predictions(graph, elements, yield_single_examples):
             continue
         rows = {np.shape(value)[0] if np.ndim(value) else None for value in tf.nest.flatten(batch)}
         if len(rows) != 1 or None in rows:
-            raise ValueError(f"predict: to yield single examples every prediction needs the same first (batch) "
-                             f"dimension; got {sorted(rows, key=str)}. Pass yield_single_examples=False")
+            raise ValueError(
+                f"predict: to yield single examples every prediction needs the same first (batch) "
+                f"dimension; got {sorted(rows, key=str)}. Pass yield_single_examples=False"
+            )
         for row in range(rows.pop()):
             yield tf.nest.map_structure(lambda value, row=row: value[row], batch)

@@ -50,16 +50,20 @@ class _VariablesByCreationOrder:
         def reuse(next_creator, **kwargs):
             del next_creator  # nothing new is created
             if self._position == len(self.variables):
-                raise ValueError(f"model_fn created more variables when traced than on its eager run "
-                                 f"({len(self.variables)}): it must create the same Keras objects, in the same "
-                                 "order, every time it runs in one mode")
+                raise ValueError(
+                    f"model_fn created more variables when traced than on its eager run "
+                    f"({len(self.variables)}): it must create the same Keras objects, in the same "
+                    "order, every time it runs in one mode"
+                )
             variable = self.variables[self._position]
             dtype = kwargs.get("dtype")
             if dtype is not None and tf.as_dtype(dtype).base_dtype != variable.dtype.base_dtype:
-                raise ValueError(f"model_fn created its variables in a different order when traced: variable "
-                                 f"#{self._position} ({kwargs.get('name')!r}) is {tf.as_dtype(dtype).name}, but on "
-                                 f"the eager run it was {variable.name!r} ({variable.dtype.name}); create the same "
-                                 "Keras objects in the same order every time")
+                raise ValueError(
+                    f"model_fn created its variables in a different order when traced: variable "
+                    f"#{self._position} ({kwargs.get('name')!r}) is {tf.as_dtype(dtype).name}, but on "
+                    f"the eager run it was {variable.name!r} ({variable.dtype.name}); create the same "
+                    "Keras objects in the same order every time"
+                )
             self._position += 1
             return variable
 
@@ -97,8 +101,9 @@ class _ModeGraph:
             self.loss_mean = keras.metrics.Mean(name="loss")
         self.state_variables.append(self.global_step)
         self.checkpoint = tf.train.Checkpoint(**saved)
-        step = {ModeKeys.TRAIN: self._train_step, ModeKeys.EVAL: self._eval_step,
-                ModeKeys.PREDICT: self._predict_step}[mode]
+        step = {ModeKeys.TRAIN: self._train_step, ModeKeys.EVAL: self._eval_step, ModeKeys.PREDICT: self._predict_step}[
+            mode
+        ]
         self.step_function = tf.function(step, input_signature=[element_spec])
         # Trace now, so that a model_fn that builds differently when traced fails here, on
         # every rank (also on one without data) and before any collective.
@@ -144,22 +149,28 @@ def _check_trainables_are_in_model(created, model):
     owned = {id(_backing(v)) for v in model.trainable_variables}
     strays = [v.name for v in created if v.trainable and id(v) not in owned]
     if strays:
-        raise ValueError(f"model_fn created trainable variables that are not in EstimatorSpec.model: {strays}. Put "
-                         "every layer model_fn trains into the model it returns, so that it is trained, "
-                         "checkpointed and exported")
+        raise ValueError(
+            f"model_fn created trainable variables that are not in EstimatorSpec.model: {strays}. Put "
+            "every layer model_fn trains into the model it returns, so that it is trained, "
+            "checkpointed and exported"
+        )
 
 
 def _check_same_objects(traced, built):
     """The traced run must have got each variable its eager twin had (same shapes)."""
     if len(traced.model.variables) != len(built.model.variables):
-        raise ValueError(f"model_fn built a model with {len(traced.model.variables)} variables when traced but "
-                         f"{len(built.model.variables)} on its eager run; it must build the same model every time")
+        raise ValueError(
+            f"model_fn built a model with {len(traced.model.variables)} variables when traced but "
+            f"{len(built.model.variables)} on its eager run; it must build the same model every time"
+        )
     for variable in traced.model.variables + [v for m in traced.eval_metrics.values() for v in m.variables]:
         if tuple(variable.shape) != tuple(_backing(variable).shape):
-            raise ValueError(f"model_fn created its variables in a different order when traced: {variable.path} "
-                             f"has shape {tuple(variable.shape)} but received a variable of shape "
-                             f"{tuple(_backing(variable).shape)}; create the same Keras objects in the same order "
-                             "every time")
+            raise ValueError(
+                f"model_fn created its variables in a different order when traced: {variable.path} "
+                f"has shape {tuple(variable.shape)} but received a variable of shape "
+                f"{tuple(_backing(variable).shape)}; create the same Keras objects in the same order "
+                "every time"
+            )
 
 
 def _backing(variable):

@@ -31,8 +31,10 @@ def _accepted_arguments(function, known, what):
         if parameter.name in known:
             accepted.append(parameter.name)
         elif parameter.default is parameter.empty:
-            raise ValueError(f"{what} has an argument {parameter.name!r} that the Estimator cannot fill; it passes "
-                             f"{', '.join(known)} by name")
+            raise ValueError(
+                f"{what} has an argument {parameter.name!r} that the Estimator cannot fill; it passes "
+                f"{', '.join(known)} by name"
+            )
     return accepted
 
 
@@ -48,8 +50,10 @@ def _empty_batch(element_spec):
 
     def zeros(spec):
         if not isinstance(spec, tf.TensorSpec):
-            raise TypeError(f"kerasdist.estimator: this rank's input is empty, and a model cannot be built from an "
-                            f"empty {type(spec).__name__}; give every rank at least one batch")
+            raise TypeError(
+                f"kerasdist.estimator: this rank's input is empty, and a model cannot be built from an "
+                f"empty {type(spec).__name__}; give every rank at least one batch"
+            )
         return tf.zeros([0 if size is None else size for size in spec.shape], spec.dtype)
 
     return tf.nest.map_structure(zeros, element_spec)
@@ -63,8 +67,12 @@ def _batches_every_rank_has(dataset):
         return None
     finite = [count for count in counts if count != tf.data.INFINITE_CARDINALITY]
     if len(set(finite)) > 1 and runtime.state().rank == ROOT_RANK:
-        _logger.warning("The ranks' inputs hold different numbers of batches (%s); every rank trains on %d of them, "
-                        "so that all run the same steps", counts, min(finite))
+        _logger.warning(
+            "The ranks' inputs hold different numbers of batches (%s); every rank trains on %d of them, "
+            "so that all run the same steps",
+            counts,
+            min(finite),
+        )
     return min(finite) if finite else math.inf
 
 

@@ -14,16 +14,17 @@ CHECKPOINT_NAME = "model.ckpt"  # checkpoints are model.ckpt-<global step>, as w
 # tf.summary.scalar needs the tensorboard package, which TensorFlow 2.21 no longer installs;
 # tf.summary.write with this metadata writes the same record TensorBoard's scalars read.
 _SCALAR_SUMMARY = _compat.SummaryMetadata(
-    plugin_data=_compat.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=_compat.DATA_CLASS_SCALAR)
+    plugin_data=_compat.SummaryMetadata.PluginData(plugin_name="scalars"), data_class=_compat.DATA_CLASS_SCALAR
+)
 
 
 class _Rank0Saver:
     """Saves the training state on rank 0 by step count or by rank 0's clock; no collective."""
 
     def __init__(self, graph, config, saved_step):
-        self._manager = tf.train.CheckpointManager(graph.checkpoint, config.model_dir,
-                                                   max_to_keep=config.keep_checkpoint_max,
-                                                   checkpoint_name=CHECKPOINT_NAME)
+        self._manager = tf.train.CheckpointManager(
+            graph.checkpoint, config.model_dir, max_to_keep=config.keep_checkpoint_max, checkpoint_name=CHECKPOINT_NAME
+        )
         self._every_steps = config.save_checkpoints_steps
         self._every_secs = config.checkpoint_interval_secs
         self._last_step = saved_step
@@ -32,8 +33,11 @@ class _Rank0Saver:
     def save_if_due(self, step, force=False):
         if step == self._last_step:
             return
-        due = (force or (self._every_steps is not None and step % self._every_steps == 0)
-               or (self._every_secs is not None and time.monotonic() - self._last_time >= self._every_secs))
+        due = (
+            force
+            or (self._every_steps is not None and step % self._every_steps == 0)
+            or (self._every_secs is not None and time.monotonic() - self._last_time >= self._every_secs)
+        )
         if not due:
             return
         with _without_tensorflow_info():

@@ -21,8 +21,9 @@ class ModeKeys:
 _MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)
 
 
-class EstimatorSpec(collections.namedtuple(
-        "EstimatorSpec", ["mode", "predictions", "loss", "optimizer", "eval_metrics", "model"])):
+class EstimatorSpec(
+    collections.namedtuple("EstimatorSpec", ["mode", "predictions", "loss", "optimizer", "eval_metrics", "model"])
+):
     """What `model_fn` returns: the model, and what to do with it in this mode.
 
     Differences from TF1's `tf.estimator.EstimatorSpec`:
@@ -86,9 +87,11 @@ class EstimatorSpec(collections.namedtuple(
 
     def __new__(cls, mode, predictions=None, loss=None, optimizer=None, eval_metrics=None, model=None):
         if mode not in _MODES:
-            raise ValueError(f"EstimatorSpec: mode={mode!r} is not a ModeKeys value; expected ModeKeys.TRAIN "
-                             f"({ModeKeys.TRAIN!r}), ModeKeys.EVAL ({ModeKeys.EVAL!r}) or ModeKeys.PREDICT "
-                             f"({ModeKeys.PREDICT!r})")
+            raise ValueError(
+                f"EstimatorSpec: mode={mode!r} is not a ModeKeys value; expected ModeKeys.TRAIN "
+                f"({ModeKeys.TRAIN!r}), ModeKeys.EVAL ({ModeKeys.EVAL!r}) or ModeKeys.PREDICT "
+                f"({ModeKeys.PREDICT!r})"
+            )
         _check_model(model)
         loss = _checked_loss(loss, mode)
         optimizer = _checked_optimizer(optimizer, mode)
@@ -99,8 +102,10 @@ class EstimatorSpec(collections.namedtuple(
 
 def _check_model(model):
     if model is None:
-        raise ValueError("EstimatorSpec: model is missing. Return the keras.Model whose layers model_fn used "
-                         "(model=...): the Estimator trains, checkpoints and exports its variables")
+        raise ValueError(
+            "EstimatorSpec: model is missing. Return the keras.Model whose layers model_fn used "
+            "(model=...): the Estimator trains, checkpoints and exports its variables"
+        )
     if not isinstance(model, keras.Layer):
         raise TypeError(f"EstimatorSpec: model must be a keras.Model (or keras.Layer); got {type(model).__name__}")
 
@@ -110,8 +115,9 @@ def _checked_loss(loss, mode):
         if mode == ModeKeys.PREDICT:
             return None
         purpose = "minimize" if mode == ModeKeys.TRAIN else "evaluate"
-        raise ValueError(f"EstimatorSpec: loss is missing in {mode} mode; return the scalar loss to {purpose} "
-                         "(loss=...)")
+        raise ValueError(
+            f"EstimatorSpec: loss is missing in {mode} mode; return the scalar loss to {purpose} (loss=...)"
+        )
     try:
         loss = tf.convert_to_tensor(loss)
     except (TypeError, ValueError) as error:
@@ -121,29 +127,37 @@ def _checked_loss(loss, mode):
     if loss.shape.rank is None:
         return tf.reshape(loss, [])  # fails at run time unless it holds one value
     if loss.shape.rank != 0:
-        raise ValueError(f"EstimatorSpec: loss must be a scalar; got shape {loss.shape}. Reduce it to one number, "
-                         "e.g. tf.reduce_mean(per_example_loss)")
+        raise ValueError(
+            f"EstimatorSpec: loss must be a scalar; got shape {loss.shape}. Reduce it to one number, "
+            "e.g. tf.reduce_mean(per_example_loss)"
+        )
     return loss
 
 
 def _checked_optimizer(optimizer, mode):
     if optimizer is None:
         if mode == ModeKeys.TRAIN:
-            raise ValueError("EstimatorSpec: optimizer is missing in train mode; return a Keras optimizer "
-                             "(optimizer=keras.optimizers.Adam(...)); the Estimator applies it, averaging the "
-                             "gradients across ranks")
+            raise ValueError(
+                "EstimatorSpec: optimizer is missing in train mode; return a Keras optimizer "
+                "(optimizer=keras.optimizers.Adam(...)); the Estimator applies it, averaging the "
+                "gradients across ranks"
+            )
         return None
     if not isinstance(optimizer, keras.optimizers.Optimizer):
-        raise TypeError(f"EstimatorSpec: optimizer must be a keras.optimizers.Optimizer; got "
-                        f"{type(optimizer).__name__} (for a name, use keras.optimizers.get({optimizer!r}))")
+        raise TypeError(
+            f"EstimatorSpec: optimizer must be a keras.optimizers.Optimizer; got "
+            f"{type(optimizer).__name__} (for a name, use keras.optimizers.get({optimizer!r}))"
+        )
     return optimizer
 
 
 def _checked_predictions(predictions, mode):
     if predictions is None:
         if mode == ModeKeys.PREDICT:
-            raise ValueError("EstimatorSpec: predictions is missing in infer (PREDICT) mode; return a tensor or a "
-                             "dict of tensors (predictions=...)")
+            raise ValueError(
+                "EstimatorSpec: predictions is missing in infer (PREDICT) mode; return a tensor or a "
+                "dict of tensors (predictions=...)"
+            )
         return None
     if isinstance(predictions, dict):
         if not all(isinstance(key, str) for key in predictions):
@@ -164,13 +178,18 @@ def _checked_eval_metrics(eval_metrics):
     if eval_metrics is None:
         return {}
     if not isinstance(eval_metrics, dict):
-        raise TypeError(f"EstimatorSpec: eval_metrics must be a dict of keras.metrics.Metric; got "
-                        f"{type(eval_metrics).__name__}")
+        raise TypeError(
+            f"EstimatorSpec: eval_metrics must be a dict of keras.metrics.Metric; got {type(eval_metrics).__name__}"
+        )
     for name, metric in eval_metrics.items():
         if not isinstance(name, str) or name in _RESERVED_METRIC_NAMES:
-            raise ValueError(f"EstimatorSpec: eval_metrics key {name!r} must be a string other than "
-                             f"{' and '.join(map(repr, _RESERVED_METRIC_NAMES))}, which evaluate() reports itself")
+            raise ValueError(
+                f"EstimatorSpec: eval_metrics key {name!r} must be a string other than "
+                f"{' and '.join(map(repr, _RESERVED_METRIC_NAMES))}, which evaluate() reports itself"
+            )
         if not isinstance(metric, keras.metrics.Metric):
-            raise TypeError(f"EstimatorSpec: eval_metrics[{name!r}] must be a keras.metrics.Metric updated in "
-                            f"model_fn; got {type(metric).__name__}. TF1 (value, update_op) pairs are not supported")
+            raise TypeError(
+                f"EstimatorSpec: eval_metrics[{name!r}] must be a keras.metrics.Metric updated in "
+                f"model_fn; got {type(metric).__name__}. TF1 (value, update_op) pairs are not supported"
+            )
     return dict(eval_metrics)

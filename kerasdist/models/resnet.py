@@ -22,8 +22,9 @@ class ZeroPaddedShortcut(keras.layers.Layer):
 
 
 def _conv_bn(x, filters, strides=1):
-    x = keras.layers.Conv2D(filters, 3, strides=strides, padding="same", use_bias=False,
-                            kernel_initializer="he_normal")(x)
+    x = keras.layers.Conv2D(
+        filters, 3, strides=strides, padding="same", use_bias=False, kernel_initializer="he_normal"
+    )(x)
     return keras.layers.BatchNormalization()(x)
 
 
@@ -34,8 +35,7 @@ def _basic_block(x, filters, strides):
     return keras.layers.ReLU()(keras.layers.Add()([shortcut, y]))
 
 
-def cifar_resnet(depth=20, input_shape=(32, 32, 3), num_classes=10, classifier_activation="softmax",
-                 name=None):
+def cifar_resnet(depth=20, input_shape=(32, 32, 3), num_classes=10, classifier_activation="softmax", name=None):
     """The CIFAR-10 ResNet of He et al. 2016, section 4.2: `depth = 6n + 2` layers.
 
     A 3x3 convolution with 16 filters, then three stages of `n` basic blocks (two 3x3
@@ -116,5 +116,10 @@ def resnet50(input_shape=(224, 224, 3), num_classes=1000, classifier_activation=
         - He, Zhang, Ren, Sun, "Deep Residual Learning for Image Recognition", CVPR 2016,
           arXiv 1512.03385.
     """
-    return keras.applications.ResNet50(weights=None, input_shape=input_shape, classes=num_classes,
-                                       classifier_activation=classifier_activation, name=name)
+    return keras.applications.ResNet50(
+        weights=None,
+        input_shape=input_shape,
+        classes=num_classes,
+        classifier_activation=classifier_activation,
+        name=name,
+    )

@@ -3,8 +3,15 @@
 import keras
 
 
-def mlp(input_shape, num_classes, hidden=(256, 128), activation="relu", dropout=0.0,
-        classifier_activation="softmax", name="mlp"):
+def mlp(
+    input_shape,
+    num_classes,
+    hidden=(256, 128),
+    activation="relu",
+    dropout=0.0,
+    classifier_activation="softmax",
+    name="mlp",
+):
     """A multilayer perceptron: flatten, `Dense` hidden layers, then the classifier.
 
     Args:
@@ -42,8 +49,14 @@ def mlp(input_shape, num_classes, hidden=(256, 128), activation="relu", dropout=
     return keras.Model(inputs, outputs, name=name)
 
 
-def small_cnn(input_shape=(28, 28, 1), num_classes=10, filters=(32, 64), dropout=0.5,
-              classifier_activation="softmax", name="small_cnn"):
+def small_cnn(
+    input_shape=(28, 28, 1),
+    num_classes=10,
+    filters=(32, 64),
+    dropout=0.5,
+    classifier_activation="softmax",
+    name="small_cnn",
+):
     """A LeNet-style CNN (LeCun et al. 1998): per entry of `filters`, a 3x3 ReLU convolution
     and 2x2 max pooling; then flatten, dropout and the classifier.
 

@@ -73,8 +73,7 @@ class LayerAdaptiveOptimizer(keras.optimizers.Optimizer):
             for v in var_list
         ]
         self._adapted = [
-            not tr.is_excluded(v, self.layer_adaptation_exclusions, self.exclude_biases_and_norms)
-            for v in var_list
+            not tr.is_excluded(v, self.layer_adaptation_exclusions, self.exclude_biases_and_norms) for v in var_list
         ]
         # One slot per variable, excluded ones included (they stay at 1): the optimizer's
         # variable list then does not depend on the exclusions, so a saved state still loads when

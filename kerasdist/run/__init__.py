@@ -4,6 +4,7 @@ Starts ``command`` as N ranks with the mpiexec kerasdist was built with, setting
 knobs from flags. Depends on nothing above ``kerasdist.runtime`` and imports neither TensorFlow
 nor MPI. Run ``kerasdist-run --help`` for the flags.
 """
+
 from kerasdist.run.launcher import main
 
 __all__ = ["main"]

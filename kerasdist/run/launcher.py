@@ -6,6 +6,7 @@ starts the ranks it checks that the Python they would run finds kerasdist and wh
 needs, and it shows TensorFlow's start-up notices, which every rank prints alike, once
 (``output``). Imports neither TensorFlow nor MPI, so it starts at once.
 """
+
 import argparse
 import json
 import os
@@ -107,48 +108,85 @@ def _mpi_args(text):
 def make_parser():
     """The argument parser of ``kerasdist-run`` (also ``python -m kerasdist.run``)."""
     parser = _Parser(
-        prog=PROG, allow_abbrev=False, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog=PROG,
+        allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Runs command as NP kerasdist ranks with the mpiexec kerasdist was built with.\n"
-                    "KERASDIST_MPIEXEC=/path/to/mpiexec overrides that choice, and\n"
-                    "KERASDIST_MPI_FLAVOUR=mpich|intel|openmpi what its --version output says.\n\n"
-                    "Every rank runs command as written: name the Python kerasdist is installed in\n"
-                    "(a bare `python` is whichever comes first on PATH), or start command with a .py\n"
-                    "script, which then runs under kerasdist-run's own Python (at the same path on\n"
-                    f"every host):\n  {sys.executable}\n"
-                    "Without -H or --hostfile, a Python that cannot import kerasdist is refused before\n"
-                    "any rank starts. TensorFlow's start-up notices, alike on every rank, are shown once.",
+        "KERASDIST_MPIEXEC=/path/to/mpiexec overrides that choice, and\n"
+        "KERASDIST_MPI_FLAVOUR=mpich|intel|openmpi what its --version output says.\n\n"
+        "Every rank runs command as written: name the Python kerasdist is installed in\n"
+        "(a bare `python` is whichever comes first on PATH), or start command with a .py\n"
+        "script, which then runs under kerasdist-run's own Python (at the same path on\n"
+        f"every host):\n  {sys.executable}\n"
+        "Without -H or --hostfile, a Python that cannot import kerasdist is refused before\n"
+        "any rank starts. TensorFlow's start-up notices, alike on every rank, are shown once.",
         epilog="examples:\n"
-               "  kerasdist-run -np 2 train.py                 # train.py under this Python\n"
-               f"  kerasdist-run -np 2 {sys.executable} train.py\n"
-               "  kerasdist-run -np 4 -H node1:2,node2:2 --fusion-threshold-mb 32 /path/to/venv/bin/python train.py")
-    parser.add_argument("-np", "-n", dest="num_processes", type=_positive_int, metavar="NP",
-                        help="number of processes (ranks) to start; required")
+        "  kerasdist-run -np 2 train.py                 # train.py under this Python\n"
+        f"  kerasdist-run -np 2 {sys.executable} train.py\n"
+        "  kerasdist-run -np 4 -H node1:2,node2:2 --fusion-threshold-mb 32 /path/to/venv/bin/python train.py",
+    )
+    parser.add_argument(
+        "-np",
+        "-n",
+        dest="num_processes",
+        type=_positive_int,
+        metavar="NP",
+        help="number of processes (ranks) to start; required",
+    )
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("-H", "--hosts", type=_host_list, metavar="HOST:SLOTS,...",
-                       help="hosts to run on, e.g. node1:2,node2:2 (default: this host)")
-    where.add_argument("--hostfile", type=_existing_file, metavar="FILE",
-                       help="host file in your MPI's own format")
-    parser.add_argument("--launcher-exec", type=_program, metavar="PROGRAM",
-                        help="start the processes on other hosts with PROGRAM, called as ssh is "
-                             "(PROGRAM [options] HOST COMMAND...): a site's ssh wrapper, or the test "
-                             "cluster's (hydra: -launcher-exec; Open MPI: plm_rsh_agent)")
-    parser.add_argument("--network-interface", type=_interface_name, metavar="IFACE",
-                        help="keep mpiexec's and MPI's TCP traffic on this interface (hydra: -iface; "
-                             "Open MPI: btl/oob_tcp_if_include) and set UCX_NET_DEVICES / FI_TCP_IFACE "
-                             "to it on every rank, unless you set them")
+    where.add_argument(
+        "-H",
+        "--hosts",
+        type=_host_list,
+        metavar="HOST:SLOTS,...",
+        help="hosts to run on, e.g. node1:2,node2:2 (default: this host)",
+    )
+    where.add_argument("--hostfile", type=_existing_file, metavar="FILE", help="host file in your MPI's own format")
+    parser.add_argument(
+        "--launcher-exec",
+        type=_program,
+        metavar="PROGRAM",
+        help="start the processes on other hosts with PROGRAM, called as ssh is "
+        "(PROGRAM [options] HOST COMMAND...): a site's ssh wrapper, or the test "
+        "cluster's (hydra: -launcher-exec; Open MPI: plm_rsh_agent)",
+    )
+    parser.add_argument(
+        "--network-interface",
+        type=_interface_name,
+        metavar="IFACE",
+        help="keep mpiexec's and MPI's TCP traffic on this interface (hydra: -iface; "
+        "Open MPI: btl/oob_tcp_if_include) and set UCX_NET_DEVICES / FI_TCP_IFACE "
+        "to it on every rank, unless you set them",
+    )
     engine = parser.add_argument_group("engine knobs (each sets its KERASDIST_* variable on every rank)")
     for knob in knobs.KNOBS:
-        engine.add_argument(knob.flag, dest=knob.field, type=_knob_text(knob), metavar=knob.metavar,
-                            help=f"{knob.variable}: {knob.help} (default {knob.default_text()})")
-    parser.add_argument("--mpi-args", type=_mpi_args, default=[], metavar='"ARGS"',
-                        help='extra mpiexec options, one quoted string, e.g. --mpi-args "-bind-to core"')
+        engine.add_argument(
+            knob.flag,
+            dest=knob.field,
+            type=_knob_text(knob),
+            metavar=knob.metavar,
+            help=f"{knob.variable}: {knob.help} (default {knob.default_text()})",
+        )
+    parser.add_argument(
+        "--mpi-args",
+        type=_mpi_args,
+        default=[],
+        metavar='"ARGS"',
+        help='extra mpiexec options, one quoted string, e.g. --mpi-args "-bind-to core"',
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the mpiexec command and exit")
     parser.add_argument("--verbose", action="store_true", help="print the mpiexec command to stderr, then run it")
-    parser.add_argument("--check-build", action="store_true",
-                        help="print how the op library was built and which mpiexec would run, then exit")
-    parser.add_argument("command", nargs=argparse.REMAINDER, metavar="command ...",
-                        help="the program every rank runs, with its arguments; a .py script first runs "
-                             "under this Python")
+    parser.add_argument(
+        "--check-build",
+        action="store_true",
+        help="print how the op library was built and which mpiexec would run, then exit",
+    )
+    parser.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="command ...",
+        help="the program every rank runs, with its arguments; a .py script first runs under this Python",
+    )
     return parser
 
 
@@ -188,9 +226,11 @@ def check_build(environ, run_version=mpi.run_version_query):
     else:
         flavour = mpi.FLAVOURS.get(build_info.get("mpi_flavour"))
         print(f"built against:  TensorFlow {build_info.get('tensorflow', '?')}")
-        print(f"MPI:            {build_info.get('mpi', '?')}; "
-              f"{flavour.title if flavour else 'flavour unknown'}; "
-              f"mpiexec {build_info.get('mpiexec') or 'not found at build time'}")
+        print(
+            f"MPI:            {build_info.get('mpi', '?')}; "
+            f"{flavour.title if flavour else 'flavour unknown'}; "
+            f"mpiexec {build_info.get('mpiexec') or 'not found at build time'}"
+        )
         print(f"MPI link flags: {shlex.join(build_info.get('mpi_link_flags', []))}")
         print(f"NCCL:           {'yes' if build_info.get('nccl') else 'no'}")
     try:
@@ -261,13 +301,22 @@ def interpreter_problem(command, environ):
     if found is None:
         return f"{program}, which is not an executable file or a command on PATH"
     first_path = os.path.dirname(os.path.abspath(script)) if os.path.isfile(script) else ""
-    find_modules = (f"import importlib.util, sys; sys.path[0] = {first_path!r}; "
-                    f"missing = [m for m in {RANK_MODULES!r} if importlib.util.find_spec(m) is None]; "
-                    "sys.exit(f'ModuleNotFoundError: No module named {missing[0]!r}' if missing else 0)")
+    find_modules = (
+        f"import importlib.util, sys; sys.path[0] = {first_path!r}; "
+        f"missing = [m for m in {RANK_MODULES!r} if importlib.util.find_spec(m) is None]; "
+        "sys.exit(f'ModuleNotFoundError: No module named {missing[0]!r}' if missing else 0)"
+    )
     try:
-        finished = subprocess.run([found, "-c", find_modules], env=environ, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace",
-                                  timeout=INTERPRETER_CHECK_TIMEOUT_S)
+        finished = subprocess.run(
+            [found, "-c", find_modules],
+            env=environ,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            timeout=INTERPRETER_CHECK_TIMEOUT_S,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if finished.returncode == 0:
@@ -280,13 +329,18 @@ def interpreter_problem(command, environ):
 def _what_to_run_instead(argv, given_command, environ):
     """After ``given_command``'s Python failed the check: the launcher's own Python when that
     one can run it, as the whole command line to type."""
-    if given_command[0] != sys.executable and is_python(given_command[0]) and not interpreter_problem(
-            [sys.executable, *given_command[1:]], environ):
+    if (
+        given_command[0] != sys.executable
+        and is_python(given_command[0])
+        and not interpreter_problem([sys.executable, *given_command[1:]], environ)
+    ):
         program_at = len(argv) - len(given_command)
-        instead = [PROG, *argv[:program_at], sys.executable, *argv[program_at + 1:]]
+        instead = [PROG, *argv[:program_at], sys.executable, *argv[program_at + 1 :]]
         return f"{PROG} itself runs in {sys.executable}, which can; run:\n  {shlex.join(instead)}"
-    return (f"{PROG}'s own Python ({sys.executable}) cannot run it: install kerasdist and its requirements "
-            f"({', '.join(RANK_MODULES[1:])}) into the Python you name, or name one that has them")
+    return (
+        f"{PROG}'s own Python ({sys.executable}) cannot run it: install kerasdist and its requirements "
+        f"({', '.join(RANK_MODULES[1:])}) into the Python you name, or name one that has them"
+    )
 
 
 def main(argv=None, environ=None, run_version=mpi.run_version_query):
@@ -323,9 +377,18 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
 
     if args.network_interface:
         environment.update(mpi.interface_environment(flavour, args.network_interface, environ))
-    launch = mpi.build_command(mpiexec, flavour, args.num_processes, command, hosts=args.hosts,
-                               hostfile=args.hostfile, environment=environment, mpi_args=args.mpi_args,
-                               launcher_exec=args.launcher_exec, network_interface=args.network_interface)
+    launch = mpi.build_command(
+        mpiexec,
+        flavour,
+        args.num_processes,
+        command,
+        hosts=args.hosts,
+        hostfile=args.hostfile,
+        environment=environment,
+        mpi_args=args.mpi_args,
+        launcher_exec=args.launcher_exec,
+        network_interface=args.network_interface,
+    )
     if args.dry_run:
         print(shlex.join(launch))
         return 0

@@ -3,6 +3,7 @@
 Standard library only and no imports from kerasdist: ``setup.py`` loads this file by path to
 record the build's mpiexec and flavour before the package is installed.
 """
+
 import dataclasses
 import os
 import shutil
@@ -50,19 +51,36 @@ class Flavour:
 # runs over libfabric. Open MPI's TCP byte transfer layer (btl) and its runtime's out-of-band
 # channel (oob) each take an interface list, and its UCX layer reads UCX_NET_DEVICES.
 # Open MPI 5's runtime (PRRTE) calls the agent plm_ssh_agent and translates plm_rsh_*.
-MPICH = Flavour("mpich", "MPICH (hydra)", "-hosts", "-f", sets_variables_with_x=False,
-                launcher_exec_template=("-launcher", "ssh", "-launcher-exec", "{program}"),
-                interface_template=("-iface", "{interface}"),
-                interface_variables=("UCX_NET_DEVICES", "FI_TCP_IFACE"))
-INTEL_MPI = Flavour("intel", "Intel MPI (hydra)", "-hosts", "-f", sets_variables_with_x=False,
-                    launcher_exec_template=("-bootstrap", "ssh", "-bootstrap-exec", "{program}"),
-                    interface_template=("-iface", "{interface}"),
-                    interface_variables=("FI_TCP_IFACE",))
-OPEN_MPI = Flavour("openmpi", "Open MPI", "-H", "--hostfile", sets_variables_with_x=True,
-                   launcher_exec_template=("--mca", "plm_rsh_agent", "{program}"),
-                   interface_template=("--mca", "btl_tcp_if_include", "{interface}",
-                                       "--mca", "oob_tcp_if_include", "{interface}"),
-                   interface_variables=("UCX_NET_DEVICES",))
+MPICH = Flavour(
+    "mpich",
+    "MPICH (hydra)",
+    "-hosts",
+    "-f",
+    sets_variables_with_x=False,
+    launcher_exec_template=("-launcher", "ssh", "-launcher-exec", "{program}"),
+    interface_template=("-iface", "{interface}"),
+    interface_variables=("UCX_NET_DEVICES", "FI_TCP_IFACE"),
+)
+INTEL_MPI = Flavour(
+    "intel",
+    "Intel MPI (hydra)",
+    "-hosts",
+    "-f",
+    sets_variables_with_x=False,
+    launcher_exec_template=("-bootstrap", "ssh", "-bootstrap-exec", "{program}"),
+    interface_template=("-iface", "{interface}"),
+    interface_variables=("FI_TCP_IFACE",),
+)
+OPEN_MPI = Flavour(
+    "openmpi",
+    "Open MPI",
+    "-H",
+    "--hostfile",
+    sets_variables_with_x=True,
+    launcher_exec_template=("--mca", "plm_rsh_agent", "{program}"),
+    interface_template=("--mca", "btl_tcp_if_include", "{interface}", "--mca", "oob_tcp_if_include", "{interface}"),
+    interface_variables=("UCX_NET_DEVICES",),
+)
 FLAVOURS = {flavour.name: flavour for flavour in (MPICH, INTEL_MPI, OPEN_MPI)}
 
 
@@ -86,9 +104,15 @@ def flavour_from_version_text(text):
 
 def run_version_query(mpiexec):
     """Output (stdout and stderr) of ``mpiexec --version``."""
-    finished = subprocess.run([mpiexec, "--version"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              stdin=subprocess.DEVNULL, text=True, errors="replace",
-                              timeout=VERSION_QUERY_TIMEOUT_S)
+    finished = subprocess.run(
+        [mpiexec, "--version"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        errors="replace",
+        timeout=VERSION_QUERY_TIMEOUT_S,
+    )
     return finished.stdout
 
 
@@ -142,8 +166,10 @@ def find_mpiexec(environ, recorded_at_build=None):
         found = shutil.which(name, path=environ.get("PATH"))
         if found:
             return found, "PATH"
-    raise LaunchError(f"no mpiexec found: `pip install mpich` into this Python's environment, put your "
-                      f"MPI's mpiexec on PATH, or set {MPIEXEC_VARIABLE}=/path/to/mpiexec")
+    raise LaunchError(
+        f"no mpiexec found: `pip install mpich` into this Python's environment, put your "
+        f"MPI's mpiexec on PATH, or set {MPIEXEC_VARIABLE}=/path/to/mpiexec"
+    )
 
 
 def choose_flavour(mpiexec, environ, run_version=run_version_query):
@@ -159,8 +185,10 @@ def choose_flavour(mpiexec, environ, run_version=run_version_query):
         return FLAVOURS[override]
     flavour = detect_flavour(mpiexec, run_version)
     if flavour is None:
-        raise LaunchError(f"cannot tell which MPI {mpiexec} belongs to from its --version output; set "
-                          f"{FLAVOUR_VARIABLE} to one of {', '.join(FLAVOURS)}")
+        raise LaunchError(
+            f"cannot tell which MPI {mpiexec} belongs to from its --version output; set "
+            f"{FLAVOUR_VARIABLE} to one of {', '.join(FLAVOURS)}"
+        )
     return flavour
 
 
@@ -170,8 +198,18 @@ def interface_environment(flavour, interface, caller_environment):
     return {name: caller_environment.get(name) or interface for name in flavour.interface_variables}
 
 
-def build_command(mpiexec, flavour, num_processes, command, hosts=None, hostfile=None, environment=None,
-                  mpi_args=(), launcher_exec=None, network_interface=None):
+def build_command(
+    mpiexec,
+    flavour,
+    num_processes,
+    command,
+    hosts=None,
+    hostfile=None,
+    environment=None,
+    mpi_args=(),
+    launcher_exec=None,
+    network_interface=None,
+):
     """The argv that starts ``command`` as ``num_processes`` ranks.
 
     Args:

@@ -12,6 +12,7 @@ only redirecting the rank's stderr would hide them, along with its errors. There
 ``TF_CPP_MIN_LOG_LEVEL=2`` removes the CPU-feature notice and TensorFlow's later C++ INFO and
 WARNING lines (on every rank alike), but not the absl and oneDNN ones.
 """
+
 import os
 import re
 import select
@@ -26,7 +27,8 @@ READ_SIZE = 65536
 _STARTUP_NOTICE = re.compile(
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     rb"|I\d{4} [0-9:.]+ +\d+ (?P<source>(?:port|cpu_feature_guard)\.cc:\d+\] .*)"
-    rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.")
+    rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\."
+)
 
 
 def startup_notice_key(line):

@@ -19,8 +19,7 @@ kd.init()
 RANK = kd.rank()
 SIZE = kd.size()
 
-NUMERIC_DTYPES = [tf.uint8, tf.int8, tf.int32, tf.int64,
-                  tf.float16, tf.bfloat16, tf.float32, tf.float64]
+NUMERIC_DTYPES = [tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64]
 FLOAT_DTYPES = [tf.float16, tf.bfloat16, tf.float32, tf.float64]
 ALL_DTYPES = NUMERIC_DTYPES + [tf.bool]
 SHAPES = [(7,), (3, 5), (2, 3, 4)]
@@ -30,8 +29,7 @@ MODES = ["eager", "function"]
 # Relative tolerance for results that involve one inexact division or scaling.
 _RTOL = {tf.float16: 4e-3, tf.bfloat16: 2e-2, tf.float32: 2e-6, tf.float64: 1e-13}
 
-needs_two_ranks = pytest.mark.skipif(
-    SIZE < 2, reason="needs at least 2 ranks (run under mpiexec -n 2)")
+needs_two_ranks = pytest.mark.skipif(SIZE < 2, reason="needs at least 2 ranks (run under mpiexec -n 2)")
 
 
 def dtype_id(dtype):
@@ -123,8 +121,7 @@ def check(actual, expected, dtype, exact=True, magnitude=1.0):
         np.testing.assert_array_equal(got, expected)
     else:
         rtol = _RTOL[dtype]
-        np.testing.assert_allclose(got, expected, rtol=rtol,
-                                   atol=rtol * max(1.0, float(magnitude)))
+        np.testing.assert_allclose(got, expected, rtol=rtol, atol=rtol * max(1.0, float(magnitude)))
 
 
 def max_abs(arrays):

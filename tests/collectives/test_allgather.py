@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import ALL_DTYPES, RANK, SHAPES, SIZE, as_tensor, check, dtype_id, rank_values, run, shape_id
 
 import kerasdist as kd
-from kd_testutil import (ALL_DTYPES, RANK, SHAPES, SIZE, as_tensor, check,
-                         dtype_id, rank_values, run, shape_id)
 
 
 def _rows(shape, rank, uneven):
@@ -14,8 +13,7 @@ def _rows(shape, rank, uneven):
 
 
 def _sent(dtype, shape, uneven, salt=""):
-    return [rank_values(r, dtype, (_rows(shape, r, uneven),) + tuple(shape[1:]), salt=salt)
-            for r in range(SIZE)]
+    return [rank_values(r, dtype, (_rows(shape, r, uneven),) + tuple(shape[1:]), salt=salt) for r in range(SIZE)]
 
 
 @pytest.mark.parametrize("uneven", [False, True], ids=["same_rows", "rows_differ"])
@@ -49,4 +47,4 @@ def test_allgather_of_a_large_tensor():
     assert out.shape == (rows * SIZE, 8)
     got = out.numpy()
     for r in range(SIZE):
-        assert np.all(got[r * rows:(r + 1) * rows] == r), f"block of rank {r} is wrong"
+        assert np.all(got[r * rows : (r + 1) * rows] == r), f"block of rank {r} is wrong"

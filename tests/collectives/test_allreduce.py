@@ -4,12 +4,27 @@ many independent allreduces in one tf.function must each get their own sum."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import (
+    FLOAT_DTYPES,
+    MODES,
+    NUMERIC_DTYPES,
+    RANK,
+    REDUCE_OPS,
+    SHAPES,
+    SIZE,
+    as_tensor,
+    check,
+    dtype_id,
+    max_abs,
+    rank_values,
+    reduce_op,
+    reference_reduce,
+    run,
+    shape_id,
+)
 
 import kerasdist as kd
 from kerasdist.knobs import Knobs
-from kd_testutil import (FLOAT_DTYPES, MODES, NUMERIC_DTYPES, RANK, REDUCE_OPS,
-                         SHAPES, SIZE, as_tensor, check, dtype_id, max_abs,
-                         rank_values, reduce_op, reference_reduce, run, shape_id)
 
 
 def _purpose(op_name):
@@ -26,20 +41,17 @@ def _exact(op_name, dtype):
 def test_allreduce_matches_numpy(op_name, dtype, shape):
     sent = [rank_values(r, dtype, shape, _purpose(op_name)) for r in range(SIZE)]
     out = kd.allreduce(as_tensor(sent[RANK], dtype), op=reduce_op(op_name))
-    check(out, reference_reduce(sent, op_name, dtype), dtype,
-          exact=_exact(op_name, dtype), magnitude=max_abs(sent))
+    check(out, reference_reduce(sent, op_name, dtype), dtype, exact=_exact(op_name, dtype), magnitude=max_abs(sent))
 
 
-@pytest.mark.parametrize("dtype", [tf.int32, tf.float16, tf.bfloat16, tf.float32],
-                         ids=dtype_id)
+@pytest.mark.parametrize("dtype", [tf.int32, tf.float16, tf.bfloat16, tf.float32], ids=dtype_id)
 @pytest.mark.parametrize("op_name", REDUCE_OPS)
 def test_allreduce_matches_numpy_in_tf_function(op_name, dtype):
     shape = (3, 5)
     sent = [rank_values(r, dtype, shape, _purpose(op_name), salt="fn") for r in range(SIZE)]
     op = reduce_op(op_name)
     out = run("function", lambda x: kd.allreduce(x, op=op), as_tensor(sent[RANK], dtype))
-    check(out, reference_reduce(sent, op_name, dtype), dtype,
-          exact=_exact(op_name, dtype), magnitude=max_abs(sent))
+    check(out, reference_reduce(sent, op_name, dtype), dtype, exact=_exact(op_name, dtype), magnitude=max_abs(sent))
 
 
 @pytest.mark.parametrize("dtype", NUMERIC_DTYPES, ids=dtype_id)
@@ -68,11 +80,9 @@ def test_allreduce_applies_prescale_then_postscale(op_name, dtype):
     # Powers of two keep every intermediate exact (Average aside).
     pre, post = 0.5, 4.0
     sent = [rank_values(r, dtype, (3, 4), salt="scale") for r in range(SIZE)]
-    out = kd.allreduce(as_tensor(sent[RANK], dtype), op=reduce_op(op_name),
-                       prescale_factor=pre, postscale_factor=post)
+    out = kd.allreduce(as_tensor(sent[RANK], dtype), op=reduce_op(op_name), prescale_factor=pre, postscale_factor=post)
     expected = post * reference_reduce([pre * s for s in sent], op_name, dtype)
-    check(out, expected, dtype, exact=_exact(op_name, dtype),
-          magnitude=post * max_abs(sent))
+    check(out, expected, dtype, exact=_exact(op_name, dtype), magnitude=post * max_abs(sent))
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -80,37 +90,48 @@ def test_allreduce_applies_prescale_then_postscale(op_name, dtype):
 def test_allreduce_with_arbitrary_scale_factors(dtype, mode):
     pre, post = 0.1, 3.0
     sent = [rank_values(r, dtype, (6,), salt="scale2") for r in range(SIZE)]
-    out = run(mode, lambda x: kd.allreduce(x, op=kd.Sum, prescale_factor=pre,
-                                           postscale_factor=post),
-              as_tensor(sent[RANK], dtype))
-    check(out, post * np.sum([pre * s for s in sent], axis=0), dtype, exact=False,
-          magnitude=post * max_abs(sent) * SIZE)
+    out = run(
+        mode,
+        lambda x: kd.allreduce(x, op=kd.Sum, prescale_factor=pre, postscale_factor=post),
+        as_tensor(sent[RANK], dtype),
+    )
+    check(
+        out, post * np.sum([pre * s for s in sent], axis=0), dtype, exact=False, magnitude=post * max_abs(sent) * SIZE
+    )
 
 
 def test_many_unnamed_eager_calls_pair_up_in_call_order():
-    outs = [kd.allreduce(tf.constant([float(i * (RANK + 1)), float(i)]), op=kd.Sum)
-            for i in range(100)]
+    outs = [kd.allreduce(tf.constant([float(i * (RANK + 1)), float(i)]), op=kd.Sum) for i in range(100)]
     got = np.array([o.numpy() for o in outs])
     expected = np.array([[i * SIZE * (SIZE + 1) / 2, i * SIZE] for i in range(100)])
     np.testing.assert_array_equal(got, expected)
 
 
 def test_an_explicit_name_can_be_reused_once_the_first_call_completed():
-    outs = [kd.allreduce(tf.constant([float(i + RANK)]), op=kd.Max, name="reused_name")
-            for i in range(5)]
+    outs = [kd.allreduce(tf.constant([float(i + RANK)]), op=kd.Max, name="reused_name") for i in range(5)]
     assert [o.numpy()[0] for o in outs] == [float(i + SIZE - 1) for i in range(5)]
 
 
 # ---------------------------------------------------------------- grouped
 
-_GROUP = [(tf.float32, (5,)), (tf.int32, (2, 3)), (tf.float64, (4, 1, 2)),
-          (tf.float16, (3,)), (tf.uint8, (6,)), (tf.float32, ()),
-          (tf.bfloat16, (2, 2)), (tf.int64, (1,)), (tf.int8, (3, 1))]
+_GROUP = [
+    (tf.float32, (5,)),
+    (tf.int32, (2, 3)),
+    (tf.float64, (4, 1, 2)),
+    (tf.float16, (3,)),
+    (tf.uint8, (6,)),
+    (tf.float32, ()),
+    (tf.bfloat16, (2, 2)),
+    (tf.int64, (1,)),
+    (tf.int8, (3, 1)),
+]
 
 
 def _group_inputs(salt):
-    return [[rank_values(r, dtype, shape, salt=f"{salt}{i}") for r in range(SIZE)]
-            for i, (dtype, shape) in enumerate(_GROUP)]
+    return [
+        [rank_values(r, dtype, shape, salt=f"{salt}{i}") for r in range(SIZE)]
+        for i, (dtype, shape) in enumerate(_GROUP)
+    ]
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -122,19 +143,22 @@ def test_grouped_allreduce_of_mixed_dtypes_and_shapes(op_name, mode):
     outs = run(mode, lambda *ts: kd.grouped_allreduce(list(ts), op=op), *tensors)
     assert len(outs) == len(_GROUP)
     for out, s, (dtype, _) in zip(outs, sent, _GROUP):
-        check(out, reference_reduce(s, op_name, dtype), dtype,
-              exact=_exact(op_name, dtype), magnitude=max_abs(s))
+        check(out, reference_reduce(s, op_name, dtype), dtype, exact=_exact(op_name, dtype), magnitude=max_abs(s))
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_grouped_allreduce_applies_scale_factors(mode):
     pre, post = 0.25, 2.0
     floats = [(dtype, shape) for dtype, shape in _GROUP if dtype.is_floating]
-    sent = [[rank_values(r, dtype, shape, salt=f"gs{i}") for r in range(SIZE)]
-            for i, (dtype, shape) in enumerate(floats)]
+    sent = [
+        [rank_values(r, dtype, shape, salt=f"gs{i}") for r in range(SIZE)] for i, (dtype, shape) in enumerate(floats)
+    ]
     tensors = [as_tensor(s[RANK], dtype) for s, (dtype, _) in zip(sent, floats)]
-    outs = run(mode, lambda *ts: kd.grouped_allreduce(
-        list(ts), op=kd.Sum, prescale_factor=pre, postscale_factor=post), *tensors)
+    outs = run(
+        mode,
+        lambda *ts: kd.grouped_allreduce(list(ts), op=kd.Sum, prescale_factor=pre, postscale_factor=post),
+        *tensors,
+    )
     for out, s, (dtype, _) in zip(outs, sent, floats):
         check(out, post * pre * np.sum(s, axis=0), dtype)
 
@@ -150,6 +174,7 @@ def test_grouped_allreduce_of_one_tensor():
 # Fused results are views of one buffer that a later cycle reuses once no result
 # views it any more; results that are still alive must never change.
 
+
 def _step_values(step, i, n):
     return tf.fill([n], float(step * 100 + i * 10 + RANK))
 
@@ -162,8 +187,7 @@ def test_results_kept_alive_survive_many_later_fused_allreduces():
     sizes = [3, 17, 1, 1000]  # odd sizes: each view starts at a padded offset
     kept = []
     for step in range(40):  # more steps than the engine keeps pooled buffers (32)
-        kept.append(kd.grouped_allreduce([_step_values(step, i, n) for i, n in enumerate(sizes)],
-                                         op=kd.Sum))
+        kept.append(kd.grouped_allreduce([_step_values(step, i, n) for i, n in enumerate(sizes)], op=kd.Sum))
     for step, outs in enumerate(kept):
         for i, (out, n) in enumerate(zip(outs, sizes)):
             np.testing.assert_array_equal(out.numpy(), np.full(n, _step_expected(step, i)))
@@ -172,8 +196,7 @@ def test_results_kept_alive_survive_many_later_fused_allreduces():
 def test_results_dropped_at_once_are_still_right_when_their_buffer_is_reused():
     @tf.function
     def step_sum(step):
-        outs = kd.grouped_allreduce([tf.fill([5 + i], step * 100.0 + i * 10 + RANK) for i in range(4)],
-                                    op=kd.Sum)
+        outs = kd.grouped_allreduce([tf.fill([5 + i], step * 100.0 + i * 10 + RANK) for i in range(4)], op=kd.Sum)
         return tf.stack([tf.reduce_sum(o) for o in outs])
 
     for step in range(10):
@@ -242,8 +265,7 @@ def test_300_independent_allreduces_in_one_tf_function_are_each_exact():
     def many():
         # No data or control dependency between the collectives: TF may start
         # them in a different order on every rank.
-        return [kd.allreduce(_race_input(i, RANK), op=reduce_op(_race_spec(i)[2]))
-                for i in range(_N_INDEPENDENT)]
+        return [kd.allreduce(_race_input(i, RANK), op=reduce_op(_race_spec(i)[2])) for i in range(_N_INDEPENDENT)]
 
     wrong = []
     for call in range(3):
@@ -264,7 +286,7 @@ def test_independent_collectives_of_every_kind_in_one_tf_function():
         for i in range(n_each):
             x = tf.fill([SIZE * 2, 3], float((RANK + 1) * (i + 1)))
             outs.append(kd.allreduce(x, op=kd.Sum))
-            outs.append(kd.allgather(x[:RANK + 1]))
+            outs.append(kd.allgather(x[: RANK + 1]))
             outs.append(kd.broadcast(x, root_rank=i % SIZE))
             outs.append(kd.reducescatter(x, op=kd.Sum))
             outs.append(kd.alltoall(x))
@@ -274,14 +296,13 @@ def test_independent_collectives_of_every_kind_in_one_tf_function():
     for i in range(n_each):
         value = lambda r, i=i: float((r + 1) * (i + 1))  # noqa: E731
         sum_all = sum(value(r) for r in range(SIZE))
-        allreduce, allgather, broadcast, reducescatter, alltoall = outs[5 * i:5 * i + 5]
+        allreduce, allgather, broadcast, reducescatter, alltoall = outs[5 * i : 5 * i + 5]
         np.testing.assert_array_equal(allreduce.numpy(), np.full((SIZE * 2, 3), sum_all))
         np.testing.assert_array_equal(
-            allgather.numpy(),
-            np.concatenate([np.full((r + 1, 3), value(r)) for r in range(SIZE)]))
-        np.testing.assert_array_equal(broadcast.numpy(),
-                                      np.full((SIZE * 2, 3), value(i % SIZE)))
+            allgather.numpy(), np.concatenate([np.full((r + 1, 3), value(r)) for r in range(SIZE)])
+        )
+        np.testing.assert_array_equal(broadcast.numpy(), np.full((SIZE * 2, 3), value(i % SIZE)))
         np.testing.assert_array_equal(reducescatter.numpy(), np.full((2, 3), sum_all))
         np.testing.assert_array_equal(
-            alltoall.numpy(),
-            np.concatenate([np.full((2, 3), value(r)) for r in range(SIZE)]))
+            alltoall.numpy(), np.concatenate([np.full((2, 3), value(r)) for r in range(SIZE)])
+        )

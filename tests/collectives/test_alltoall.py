@@ -4,10 +4,9 @@ to it, concatenated in source-rank order."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import ALL_DTYPES, RANK, SHAPES, SIZE, as_tensor, check, dtype_id, rank_values, run, shape_id
 
 import kerasdist as kd
-from kd_testutil import (ALL_DTYPES, RANK, SHAPES, SIZE, as_tensor, check,
-                         dtype_id, rank_values, run, shape_id)
 
 
 def _uneven_splits(src):
@@ -17,12 +16,11 @@ def _uneven_splits(src):
 
 def _exchange(dtype, inner, splits_of, salt=""):
     """Every rank's input and what this rank must receive."""
-    sent = [rank_values(src, dtype, (sum(splits_of(src)),) + tuple(inner), salt=salt)
-            for src in range(SIZE)]
+    sent = [rank_values(src, dtype, (sum(splits_of(src)),) + tuple(inner), salt=salt) for src in range(SIZE)]
     received = []
     for src in range(SIZE):
         start = sum(splits_of(src)[:RANK])
-        received.append(sent[src][start:start + splits_of(src)[RANK]])
+        received.append(sent[src][start : start + splits_of(src)[RANK]])
     return sent, np.concatenate(received)
 
 
@@ -46,16 +44,19 @@ def test_alltoall_exchanges_rows(dtype, shape, splits_mode):
 @pytest.mark.parametrize("splits_dtype", [tf.int32, tf.int64], ids=dtype_id)
 def test_alltoall_takes_splits_as_a_tensor(splits_dtype):
     sent, expected = _exchange(tf.float32, (2,), _uneven_splits, salt="t")
-    out = kd.alltoall(tf.constant(sent[RANK], tf.float32),
-                      splits=tf.constant(_uneven_splits(RANK), splits_dtype))
+    out = kd.alltoall(tf.constant(sent[RANK], tf.float32), splits=tf.constant(_uneven_splits(RANK), splits_dtype))
     check(out, expected, tf.float32)
 
 
 @pytest.mark.parametrize("dtype", [tf.int8, tf.int64, tf.bfloat16, tf.float32, tf.bool], ids=dtype_id)
 def test_alltoall_in_tf_function(dtype):
     sent, expected = _exchange(dtype, (3,), _uneven_splits, salt="fn")
-    out = run("function", lambda x, s: kd.alltoall(x, splits=s),
-              as_tensor(sent[RANK], dtype), tf.constant(_uneven_splits(RANK), tf.int32))
+    out = run(
+        "function",
+        lambda x, s: kd.alltoall(x, splits=s),
+        as_tensor(sent[RANK], dtype),
+        tf.constant(_uneven_splits(RANK), tf.int32),
+    )
     check(out, expected, dtype)
 
 

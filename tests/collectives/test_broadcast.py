@@ -4,10 +4,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import ALL_DTYPES, RANK, SHAPES, SIZE, as_tensor, check, dtype_id, rank_values, run, shape_id, to_numpy
 
 import kerasdist as kd
-from kd_testutil import (ALL_DTYPES, RANK, SHAPES, SIZE, as_tensor, check,
-                         dtype_id, rank_values, run, shape_id, to_numpy)
 
 ROOTS = ["first", "last"]
 
@@ -35,20 +34,24 @@ def test_broadcast_of_a_scalar(dtype):
 @pytest.mark.parametrize("dtype", [tf.uint8, tf.float16, tf.float32, tf.bool], ids=dtype_id)
 def test_broadcast_in_tf_function(dtype, root):
     root_rank = _root_rank(root)
-    out = run("function", lambda x: kd.broadcast(x, root_rank=root_rank),
-              as_tensor(rank_values(RANK, dtype, (4, 3), salt="fn"), dtype))
+    out = run(
+        "function",
+        lambda x: kd.broadcast(x, root_rank=root_rank),
+        as_tensor(rank_values(RANK, dtype, (4, 3), salt="fn"), dtype),
+    )
     check(out, rank_values(root_rank, dtype, (4, 3), salt="fn"), dtype)
 
 
-_VARIABLE_SPECS = [(tf.float32, (3, 4)), (tf.float64, (5,)), (tf.int32, (2, 2)),
-                   (tf.bfloat16, (3,)), (tf.float32, ())]
+_VARIABLE_SPECS = [(tf.float32, (3, 4)), (tf.float64, (5,)), (tf.int32, (2, 2)), (tf.bfloat16, (3,)), (tf.float32, ())]
 
 
 @pytest.mark.parametrize("root", ROOTS)
 def test_broadcast_variables_assigns_the_root_values_in_place(root):
     root_rank = _root_rank(root)
-    variables = [tf.Variable(as_tensor(rank_values(RANK, dtype, shape, salt=i), dtype))
-                 for i, (dtype, shape) in enumerate(_VARIABLE_SPECS)]
+    variables = [
+        tf.Variable(as_tensor(rank_values(RANK, dtype, shape, salt=i), dtype))
+        for i, (dtype, shape) in enumerate(_VARIABLE_SPECS)
+    ]
     before = [id(v) for v in variables]
     kd.broadcast_variables(variables, root_rank=root_rank)
     assert [id(v) for v in variables] == before
@@ -63,10 +66,11 @@ def test_broadcast_variables_defaults_to_root_zero():
 
 
 def test_broadcast_variables_of_a_keras_model():
-    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3),
-                              keras.layers.Dense(2)])
-    weights_of = lambda r: [rank_values(r, tf.float32, w.shape, salt=f"k{i}")  # noqa: E731
-                            for i, w in enumerate(model.weights)]
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(2)])
+
+    def weights_of(r):
+        return [rank_values(r, tf.float32, w.shape, salt=f"k{i}") for i, w in enumerate(model.weights)]
+
     model.set_weights([w.astype(np.float32) for w in weights_of(RANK)])
     kd.broadcast_variables(model.variables, root_rank=SIZE - 1)
     for got, expected in zip(model.get_weights(), weights_of(SIZE - 1)):
@@ -74,5 +78,4 @@ def test_broadcast_variables_of_a_keras_model():
     # And the model computes with the broadcast weights.
     out = to_numpy(model(tf.ones((1, 4))))
     w = weights_of(SIZE - 1)
-    np.testing.assert_allclose(out, (np.ones((1, 4)) @ w[0] + w[1]) @ w[2] + w[3],
-                               rtol=1e-5, atol=1e-3)
+    np.testing.assert_allclose(out, (np.ones((1, 4)) @ w[0] + w[1]) @ w[2] + w[3], rtol=1e-5, atol=1e-3)

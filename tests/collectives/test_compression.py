@@ -5,10 +5,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import MODES, RANK, SIZE, as_tensor, check, dtype_id, rank_values, run
 
 import kerasdist as kd
-from kd_testutil import (MODES, RANK, SIZE, as_tensor, check, dtype_id,
-                         rank_values, run)
 
 COMPRESSIONS = ["fp16", "bf16"]
 WIDE_FLOATS = [tf.float32, tf.float64]
@@ -28,8 +27,7 @@ def test_compression_none_is_the_default_and_exact():
     default = kd.allreduce(x, op=kd.Sum)
     explicit = kd.allreduce(x, op=kd.Sum, compression=kd.Compression.none)
     np.testing.assert_array_equal(default.numpy(), explicit.numpy())
-    expected = np.sum([np.float32([r + 1 / 3, 1e-8 * (r + 1)]) for r in range(SIZE)],
-                      axis=0, dtype=np.float64)
+    expected = np.sum([np.float32([r + 1 / 3, 1e-8 * (r + 1)]) for r in range(SIZE)], axis=0, dtype=np.float64)
     np.testing.assert_allclose(default.numpy(), expected, rtol=1e-6)
 
 
@@ -62,16 +60,22 @@ def test_the_rounding_probes_tell_the_three_wire_formats_apart():
 @pytest.mark.parametrize("dtype", WIDE_FLOATS, ids=dtype_id)
 @pytest.mark.parametrize("compression", ["none"] + COMPRESSIONS)
 def test_values_travel_in_the_wire_dtype_and_come_back_rounded_by_it(compression, dtype, mode):
-    out = run(mode, lambda x: kd.allreduce(x, op=kd.Sum, compression=_compression(compression)),
-              tf.constant(_one_sender_per_element(RANK), dtype))
+    out = run(
+        mode,
+        lambda x: kd.allreduce(x, op=kd.Sum, compression=_compression(compression)),
+        tf.constant(_one_sender_per_element(RANK), dtype),
+    )
     check(out, _as_sent_by(compression, np.tile(_ROUNDING_PROBES, SIZE)), dtype)
 
 
 @pytest.mark.parametrize("compression", ["none"] + COMPRESSIONS)
 def test_each_tensor_of_a_group_travels_in_the_wire_dtype(compression):
     sent = [_one_sender_per_element(RANK), -2 * _one_sender_per_element(RANK)]
-    outs = kd.grouped_allreduce([tf.constant(sent[0], tf.float32), tf.constant(sent[1], tf.float64)],
-                                op=kd.Sum, compression=_compression(compression))
+    outs = kd.grouped_allreduce(
+        [tf.constant(sent[0], tf.float32), tf.constant(sent[1], tf.float64)],
+        op=kd.Sum,
+        compression=_compression(compression),
+    )
     probes = np.tile(_ROUNDING_PROBES, SIZE)
     check(outs[0], _as_sent_by(compression, probes), tf.float32)
     check(outs[1], _as_sent_by(compression, -2 * probes), tf.float64)
@@ -82,9 +86,11 @@ def test_each_tensor_of_a_group_travels_in_the_wire_dtype(compression):
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_representable_values_round_trip_exactly(compression, dtype, mode):
     sent = [_small_integers(r, (4, 5)) for r in range(SIZE)]
-    out = run(mode, lambda x: kd.allreduce(x, op=kd.Sum,
-                                           compression=_compression(compression)),
-              tf.constant(sent[RANK], dtype))
+    out = run(
+        mode,
+        lambda x: kd.allreduce(x, op=kd.Sum, compression=_compression(compression)),
+        tf.constant(sent[RANK], dtype),
+    )
     check(out, np.sum(sent, axis=0), dtype)
 
 
@@ -92,8 +98,7 @@ def test_representable_values_round_trip_exactly(compression, dtype, mode):
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_unrepresentable_values_come_back_close_in_their_own_dtype(compression, dtype):
     sent = [np.linspace(-3, 3, 12) / 7 + r / 3 for r in range(SIZE)]
-    out = kd.allreduce(tf.constant(sent[RANK], dtype), op=kd.Average,
-                       compression=_compression(compression))
+    out = kd.allreduce(tf.constant(sent[RANK], dtype), op=kd.Average, compression=_compression(compression))
     assert out.dtype == dtype
     rtol = 4e-3 if compression == "fp16" else 3e-2
     np.testing.assert_allclose(out.numpy(), np.mean(sent, axis=0), rtol=rtol, atol=rtol)
@@ -103,16 +108,14 @@ def test_unrepresentable_values_come_back_close_in_their_own_dtype(compression, 
 def test_integers_pass_through_uncompressed(compression):
     # 100001 is not representable in float16 or bfloat16.
     sent = [np.array([100_001 * (r + 1), -7, r], np.int64) for r in range(SIZE)]
-    out = kd.allreduce(tf.constant(sent[RANK], tf.int32), op=kd.Sum,
-                       compression=_compression(compression))
+    out = kd.allreduce(tf.constant(sent[RANK], tf.int32), op=kd.Sum, compression=_compression(compression))
     check(out, np.sum(sent, axis=0), tf.int32)
 
 
 def test_float16_passes_through_bf16_compression():
     # 100.25 * k needs 11 significant bits: exact in float16, not in bfloat16.
     sent = [np.full((3,), 100.25 * (r + 1)) for r in range(SIZE)]
-    out = kd.allreduce(tf.constant(sent[RANK], tf.float16), op=kd.Sum,
-                       compression=kd.Compression.bf16)
+    out = kd.allreduce(tf.constant(sent[RANK], tf.float16), op=kd.Sum, compression=kd.Compression.bf16)
     check(out, np.sum(sent, axis=0), tf.float16)
 
 
@@ -120,10 +123,10 @@ def test_float16_passes_through_bf16_compression():
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_grouped_allreduce_with_compression_keeps_each_dtype(compression, mode):
     dtypes = [tf.float32, tf.float64, tf.int32, tf.float16]
-    sent = [[_small_integers(r, (3,), salt=i) for r in range(SIZE)]
-            for i in range(len(dtypes))]
+    sent = [[_small_integers(r, (3,), salt=i) for r in range(SIZE)] for i in range(len(dtypes))]
     tensors = [as_tensor(s[RANK], d) for s, d in zip(sent, dtypes)]
-    outs = run(mode, lambda *ts: kd.grouped_allreduce(
-        list(ts), op=kd.Sum, compression=_compression(compression)), *tensors)
+    outs = run(
+        mode, lambda *ts: kd.grouped_allreduce(list(ts), op=kd.Sum, compression=_compression(compression)), *tensors
+    )
     for out, s, dtype in zip(outs, sent, dtypes):
         check(out, np.sum(s, axis=0), dtype)

@@ -18,9 +18,9 @@ import threading
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import FLOAT_DTYPES, RANK, SIZE, assert_world_still_works, needs_two_ranks
 
 import kerasdist as kd
-from kd_testutil import FLOAT_DTYPES, RANK, SIZE, assert_world_still_works, needs_two_ranks
 
 LAST = SIZE - 1
 DEVIATES = RANK == LAST
@@ -39,6 +39,7 @@ def _ranks_phrase(ranks):
 
 
 # ------------------------------------------------------------ calls that do not correspond
+
 
 @needs_two_ranks
 def test_an_extra_eager_call_on_one_rank_fails_every_rank_instead_of_shifting_the_pairing():
@@ -95,6 +96,7 @@ def test_a_barrier_on_one_rank_only_fails_every_rank():
 
 # ------------------------------------------------------------ a local error reaches every rank
 
+
 @needs_two_ranks
 def test_bad_splits_on_one_rank_fail_the_alltoall_on_every_rank():
     splits = [SIZE + 1, -1] + [0] * (SIZE - 2) if DEVIATES else [1] * SIZE
@@ -131,14 +133,19 @@ def test_an_unsupported_dtype_on_one_rank_fails_every_rank_naming_it():
 
 # ------------------------------------------------------------ Min and Max with NaN
 
+
 @pytest.mark.parametrize("op_name", ["Min", "Max"])
 @pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.name)
 def test_min_and_max_propagate_nan_and_give_every_rank_the_same_bits(dtype, op_name):
     def values(rank):
-        return np.array([np.nan if rank == LAST else rank,  # NaN on the last rank
-                         np.nan if rank == 0 else 1.0,  # NaN on rank 0
-                         -0.0 if rank == 0 else 0.0,  # zeros of both signs
-                         rank - 1.5])
+        return np.array(
+            [
+                np.nan if rank == LAST else rank,  # NaN on the last rank
+                np.nan if rank == 0 else 1.0,  # NaN on rank 0
+                -0.0 if rank == 0 else 0.0,  # zeros of both signs
+                rank - 1.5,
+            ]
+        )
 
     result = kd.allreduce(tf.cast(values(RANK), dtype), op=getattr(kd, op_name))
     combine = np.maximum if op_name == "Max" else np.minimum
@@ -152,6 +159,7 @@ def test_min_and_max_propagate_nan_and_give_every_rank_the_same_bits(dtype, op_n
 
 
 # ------------------------------------------------------------ arguments named in the error
+
 
 @pytest.mark.parametrize("dtype", [tf.string, tf.complex64, tf.int16, tf.bool], ids=lambda d: d.name)
 def test_allreduce_of_an_unsupported_dtype_says_which_dtypes_it_takes(dtype):
@@ -175,8 +183,9 @@ def test_a_collective_inside_an_xla_function_is_refused_with_the_fix():
     assert_world_still_works()
 
 
-@pytest.mark.parametrize("splits", [[2.9] + [1.0] * (SIZE - 1), ["1"] * SIZE, [True] * SIZE],
-                         ids=["fractional", "strings", "bools"])
+@pytest.mark.parametrize(
+    "splits", [[2.9] + [1.0] * (SIZE - 1), ["1"] * SIZE, [True] * SIZE], ids=["fractional", "strings", "bools"]
+)
 def test_alltoall_refuses_splits_that_are_not_integers(splits):
     with pytest.raises(TypeError, match="splits must be integers"):
         kd.alltoall(tf.ones([SIZE + 2, 1]), splits=splits)

@@ -21,9 +21,9 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import RANK, SIZE, assert_world_still_works, needs_two_ranks
 
 import kerasdist as kd
-from kd_testutil import RANK, SIZE, assert_world_still_works, needs_two_ranks
 
 DEADLINE_S = 30
 LAST = SIZE - 1
@@ -36,35 +36,33 @@ def _ones(shape, dtype=tf.float32):
 
 # Each case runs on every rank with the same tensor name; the last rank differs.
 _MISMATCHES = {
-    "shape": lambda name: kd.allreduce(
-        _ones((5,) if DEVIATES else (4,)), op=kd.Sum, name=name),
-    "shape_depends_on_rank": lambda name: kd.allreduce(
-        _ones((RANK + 1,)), op=kd.Sum, name=name),
-    "dtype": lambda name: kd.allreduce(
-        _ones((4,), tf.float64 if DEVIATES else tf.float32), op=kd.Sum, name=name),
+    "shape": lambda name: kd.allreduce(_ones((5,) if DEVIATES else (4,)), op=kd.Sum, name=name),
+    "shape_depends_on_rank": lambda name: kd.allreduce(_ones((RANK + 1,)), op=kd.Sum, name=name),
+    "dtype": lambda name: kd.allreduce(_ones((4,), tf.float64 if DEVIATES else tf.float32), op=kd.Sum, name=name),
     "op_kind_allgather": lambda name: (
-        kd.allgather(_ones((4,)), name=name) if DEVIATES
-        else kd.allreduce(_ones((4,)), op=kd.Sum, name=name)),
+        kd.allgather(_ones((4,)), name=name) if DEVIATES else kd.allreduce(_ones((4,)), op=kd.Sum, name=name)
+    ),
     "op_kind_broadcast": lambda name: (
-        kd.broadcast(_ones((4,)), root_rank=0, name=name) if DEVIATES
-        else kd.allreduce(_ones((4,)), op=kd.Sum, name=name)),
+        kd.broadcast(_ones((4,)), root_rank=0, name=name)
+        if DEVIATES
+        else kd.allreduce(_ones((4,)), op=kd.Sum, name=name)
+    ),
     "op_kind_reducescatter": lambda name: (
-        kd.reducescatter(_ones((4,)), op=kd.Sum, name=name) if DEVIATES
-        else kd.allreduce(_ones((4,)), op=kd.Sum, name=name)),
-    "reduce_op": lambda name: kd.allreduce(
-        _ones((4,)), op=kd.Max if DEVIATES else kd.Sum, name=name),
-    "root_rank": lambda name: kd.broadcast(
-        _ones((4,)), root_rank=LAST if DEVIATES else 0, name=name),
-    "prescale": lambda name: kd.allreduce(
-        _ones((4,)), op=kd.Sum, prescale_factor=2.0 if DEVIATES else 1.0, name=name),
+        kd.reducescatter(_ones((4,)), op=kd.Sum, name=name)
+        if DEVIATES
+        else kd.allreduce(_ones((4,)), op=kd.Sum, name=name)
+    ),
+    "reduce_op": lambda name: kd.allreduce(_ones((4,)), op=kd.Max if DEVIATES else kd.Sum, name=name),
+    "root_rank": lambda name: kd.broadcast(_ones((4,)), root_rank=LAST if DEVIATES else 0, name=name),
+    "prescale": lambda name: kd.allreduce(_ones((4,)), op=kd.Sum, prescale_factor=2.0 if DEVIATES else 1.0, name=name),
     "postscale": lambda name: kd.allreduce(
-        _ones((4,)), op=kd.Sum, postscale_factor=0.5 if DEVIATES else 1.0, name=name),
-    "allgather_trailing_dims": lambda name: kd.allgather(
-        _ones((2, 4) if DEVIATES else (2, 3)), name=name),
-    "reducescatter_shape": lambda name: kd.reducescatter(
-        _ones((7,) if DEVIATES else (6,)), op=kd.Sum, name=name),
-    "shape_in_tf_function": lambda name: tf.function(
-        lambda x: kd.allreduce(x, op=kd.Sum, name=name))(_ones((RANK + 2,))),
+        _ones((4,)), op=kd.Sum, postscale_factor=0.5 if DEVIATES else 1.0, name=name
+    ),
+    "allgather_trailing_dims": lambda name: kd.allgather(_ones((2, 4) if DEVIATES else (2, 3)), name=name),
+    "reducescatter_shape": lambda name: kd.reducescatter(_ones((7,) if DEVIATES else (6,)), op=kd.Sum, name=name),
+    "shape_in_tf_function": lambda name: tf.function(lambda x: kd.allreduce(x, op=kd.Sum, name=name))(
+        _ones((RANK + 2,))
+    ),
 }
 
 
@@ -88,16 +86,19 @@ def test_disagreement_fails_every_rank_quickly_then_the_world_recovers(kind):
     assert_world_still_works()
 
     assert isinstance(error, tf.errors.FailedPreconditionError), (
-        f"rank {RANK}: expected FailedPreconditionError, got {error!r}")
+        f"rank {RANK}: expected FailedPreconditionError, got {error!r}"
+    )
     assert elapsed < DEADLINE_S, f"rank {RANK}: error took {elapsed:.1f}s"
     message = error.message
     assert name in message, f"tensor name missing from: {message}"
     # "ranks 0, 1 sent shape [4]; rank 2 sent shape [5]": every rank named once, as a sender,
     # and the last rank in a different clause from rank 0's.
-    senders = [[int(r) for r in clause.split(",")]
-               for clause in re.findall(r"\branks? (\d+(?:, \d+)*) sent\b", message)]
+    senders = [
+        [int(r) for r in clause.split(",")] for clause in re.findall(r"\branks? (\d+(?:, \d+)*) sent\b", message)
+    ]
     assert sorted(r for clause in senders for r in clause) == list(range(SIZE)), (
-        f"not every rank named once as a sender in: {message}")
+        f"not every rank named once as a sender in: {message}"
+    )
     clause_of = {r: i for i, clause in enumerate(senders) for r in clause}
     assert clause_of[LAST] != clause_of[0], f"disagreeing rank {LAST} not told apart in: {message}"
 
@@ -129,8 +130,7 @@ def test_second_request_for_a_pending_name_fails_and_the_first_completes():
     others = {}
     for j in range(SIZE):
         if j != RANK:
-            others[j] = _call_catching(
-                lambda j=j: kd.allreduce(x, op=kd.Sum, name=f"pending_dup_{j}"))
+            others[j] = _call_catching(lambda j=j: kd.allreduce(x, op=kd.Sum, name=f"pending_dup_{j}"))
     for thread in threads:
         thread.join(DEADLINE_S)
     assert_world_still_works()
@@ -150,11 +150,13 @@ def test_second_request_for_a_pending_name_fails_and_the_first_completes():
 
 # ------------------------------------------------------------ invalid input
 
+
 def _expect_invalid_argument(fn):
     error, _ = _call_catching(fn)
     assert_world_still_works()
     assert isinstance(error, tf.errors.InvalidArgumentError), (
-        f"rank {RANK}: expected InvalidArgumentError, got {error!r}")
+        f"rank {RANK}: expected InvalidArgumentError, got {error!r}"
+    )
 
 
 @pytest.mark.parametrize("root_rank", ["size", "minus_one"])
@@ -170,13 +172,13 @@ def test_allgather_of_a_scalar_is_invalid():
 @pytest.mark.parametrize("factor", ["prescale_factor", "postscale_factor"])
 @pytest.mark.parametrize("dtype", [tf.int32, tf.uint8], ids=lambda d: d.name)
 def test_scale_factors_on_integers_are_invalid(dtype, factor):
-    _expect_invalid_argument(
-        lambda: kd.allreduce(_ones((3,), dtype), op=kd.Sum, **{factor: 2.0}))
+    _expect_invalid_argument(lambda: kd.allreduce(_ones((3,), dtype), op=kd.Sum, **{factor: 2.0}))
 
 
 def test_scale_factors_on_integers_in_a_group_are_invalid():
-    _expect_invalid_argument(lambda: kd.grouped_allreduce(
-        [_ones((3,)), _ones((2,), tf.int64)], op=kd.Sum, prescale_factor=0.5))
+    _expect_invalid_argument(
+        lambda: kd.grouped_allreduce([_ones((3,)), _ones((2,), tf.int64)], op=kd.Sum, prescale_factor=0.5)
+    )
 
 
 def _bad_splits(kind):

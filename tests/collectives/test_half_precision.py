@@ -12,13 +12,12 @@ ranks 2048 + 1 + 1 style sums also tell float32 accumulation from pairwise 16-bi
 import numpy as np
 import pytest
 import tensorflow as tf
-
-import kerasdist as kd
 from kd_testutil import RANK, SIZE, run
 
+import kerasdist as kd
+
 # (tensor dtype, compression): native 16-bit tensors, and wide ones compressed.
-CASES = [(tf.float16, None), (tf.bfloat16, None), (tf.float32, "fp16"), (tf.float32, "bf16"),
-         (tf.float64, "fp16")]
+CASES = [(tf.float16, None), (tf.bfloat16, None), (tf.float32, "fp16"), (tf.float32, "bf16"), (tf.float64, "fp16")]
 # 5 values are fused with a companion tensor; 300,000 (600 KB on the wire) are reduced alone.
 LENGTHS = [5, 300_000]
 
@@ -70,8 +69,9 @@ def test_sixteen_bit_reductions_add_in_float32_and_round_once(case, op_name, len
     companion = tf.ones([3], dtype)  # makes the short tensor part of a fused group
 
     def reduce(x, companion):
-        return kd.grouped_allreduce([x, companion], op=getattr(kd, op_name),
-                                    compression=getattr(kd.Compression, compression or "none"))
+        return kd.grouped_allreduce(
+            [x, companion], op=getattr(kd, op_name), compression=getattr(kd.Compression, compression or "none")
+        )
 
     out, _ = run(mode, reduce, x, companion)
     assert out.dtype == dtype
@@ -84,10 +84,17 @@ def test_scale_factors_apply_before_the_one_rounding(case):
     dtype, compression = case
     wire = _wire(dtype, compression)
     sent = _sent(RANK, 7)
-    out = kd.allreduce(tf.cast(tf.constant(sent), dtype), op=kd.Sum, prescale_factor=0.5, postscale_factor=3.0,
-                       compression=getattr(kd.Compression, compression or "none"))
-    on_the_wire = [_rounded(_rounded(_sent(r, 7), wire) * np.float32(0.5) if compression is None
-                            else _sent(r, 7) * 0.5, wire) for r in range(SIZE)]
+    out = kd.allreduce(
+        tf.cast(tf.constant(sent), dtype),
+        op=kd.Sum,
+        prescale_factor=0.5,
+        postscale_factor=3.0,
+        compression=getattr(kd.Compression, compression or "none"),
+    )
+    on_the_wire = [
+        _rounded(_rounded(_sent(r, 7), wire) * np.float32(0.5) if compression is None else _sent(r, 7) * 0.5, wire)
+        for r in range(SIZE)
+    ]
     combined = np.zeros(7, np.float32)
     for values in on_the_wire:
         combined = combined + values
@@ -106,4 +113,4 @@ def test_sixteen_bit_reducescatter_adds_in_float32(dtype):
     expected = _rounded(combined * np.float32(1.0 / SIZE), dtype)
     start = sum(rows // SIZE + (1 if r < rows % SIZE else 0) for r in range(RANK))
     mine = rows // SIZE + (1 if RANK < rows % SIZE else 0)
-    np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(), expected[start:start + mine])
+    np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(), expected[start : start + mine])

@@ -2,9 +2,9 @@
 
 import numpy as np
 import tensorflow as tf
+from kd_testutil import RANK, SIZE, needs_two_ranks
 
 import kerasdist as kd
-from kd_testutil import RANK, SIZE, needs_two_ranks
 
 
 @needs_two_ranks
@@ -17,8 +17,10 @@ def test_ranks_may_issue_independent_collectives_in_different_orders():
 
     @tf.function
     def step():
-        return {name: kd.allreduce(tf.fill([4], float(RANK + len(name) + ord(name[-1]))), op=kd.Sum, name=name)
-                for name in names}
+        return {
+            name: kd.allreduce(tf.fill([4], float(RANK + len(name) + ord(name[-1]))), op=kd.Sum, name=name)
+            for name in names
+        }
 
     results = step()
     for name, value in results.items():

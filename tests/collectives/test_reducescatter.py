@@ -4,17 +4,30 @@ lower ranks taking the remainder rows."""
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import (
+    NUMERIC_DTYPES,
+    RANK,
+    SHAPES,
+    SIZE,
+    as_tensor,
+    check,
+    dtype_id,
+    max_abs,
+    rank_values,
+    reduce_op,
+    reference_reduce,
+    run,
+    shape_id,
+    split_rows,
+)
 
 import kerasdist as kd
-from kd_testutil import (NUMERIC_DTYPES, RANK, SHAPES, SIZE, as_tensor, check,
-                         dtype_id, max_abs, rank_values, reduce_op, reference_reduce,
-                         run, shape_id, split_rows)
 
 
 def _expected_rows(sent, op_name, dtype):
     full = reference_reduce(sent, op_name, dtype)
     _, offsets = split_rows(full.shape[0])
-    return full[offsets[RANK]:offsets[RANK + 1]]
+    return full[offsets[RANK] : offsets[RANK + 1]]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=shape_id)
@@ -23,8 +36,13 @@ def _expected_rows(sent, op_name, dtype):
 def test_reducescatter_gives_each_rank_its_rows(op_name, dtype, shape):
     sent = [rank_values(r, dtype, shape) for r in range(SIZE)]
     out = kd.reducescatter(as_tensor(sent[RANK], dtype), op=reduce_op(op_name))
-    check(out, _expected_rows(sent, op_name, dtype), dtype,
-          exact=not (op_name == "Average" and dtype.is_floating), magnitude=max_abs(sent))
+    check(
+        out,
+        _expected_rows(sent, op_name, dtype),
+        dtype,
+        exact=not (op_name == "Average" and dtype.is_floating),
+        magnitude=max_abs(sent),
+    )
 
 
 @pytest.mark.parametrize("dtype", [tf.uint8, tf.int32, tf.float32], ids=dtype_id)
@@ -56,5 +74,10 @@ def test_reducescatter_in_tf_function(op_name, dtype):
     sent = [rank_values(r, dtype, (7, 2), salt="fn") for r in range(SIZE)]
     op = reduce_op(op_name)
     out = run("function", lambda x: kd.reducescatter(x, op=op), as_tensor(sent[RANK], dtype))
-    check(out, _expected_rows(sent, op_name, dtype), dtype,
-          exact=not (op_name == "Average" and dtype.is_floating), magnitude=max_abs(sent))
+    check(
+        out,
+        _expected_rows(sent, op_name, dtype),
+        dtype,
+        exact=not (op_name == "Average" and dtype.is_floating),
+        magnitude=max_abs(sent),
+    )

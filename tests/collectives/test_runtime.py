@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tensorflow as tf
+from kd_testutil import RANK, SIZE
 
 import kerasdist as kd
-from kd_testutil import RANK, SIZE
 
 
 def _launcher_rank_size():
-    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"),
-                               ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
+    for rank_var, size_var in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")):
         if rank_var in os.environ and size_var in os.environ:
             return int(os.environ[rank_var]), int(os.environ[size_var])
     return 0, 1
@@ -52,14 +51,18 @@ def test_every_rank_has_a_distinct_rank():
 
 
 def test_local_and_cross_ranks_describe_the_hosts():
-    mine = dict(host=socket.gethostname(), rank=kd.rank(),
-                local_rank=kd.local_rank(), local_size=kd.local_size(),
-                cross_rank=kd.cross_rank(), cross_size=kd.cross_size())
+    mine = dict(
+        host=socket.gethostname(),
+        rank=kd.rank(),
+        local_rank=kd.local_rank(),
+        local_size=kd.local_size(),
+        cross_rank=kd.cross_rank(),
+        cross_size=kd.cross_size(),
+    )
     world = kd.allgather_object(mine)
     assert [info["rank"] for info in world] == list(range(SIZE))
 
-    hosts = sorted({info["host"] for info in world},
-                   key=lambda h: min(i["rank"] for i in world if i["host"] == h))
+    hosts = sorted({info["host"] for info in world}, key=lambda h: min(i["rank"] for i in world if i["host"] == h))
     for host_index, host in enumerate(hosts):
         on_host = [info for info in world if info["host"] == host]
         # Local ranks number the host's processes in global-rank order.
@@ -74,9 +77,13 @@ def test_local_and_cross_ranks_describe_the_hosts():
 
 
 def _object_of(rank):
-    return {"rank": rank, "items": list(range(rank + 3)), "text": "r" * rank,
-            "nested": {"tuple": (rank, "x"), "none": None},
-            "array": np.arange(rank + 2, dtype=np.float32) * 1.5}
+    return {
+        "rank": rank,
+        "items": list(range(rank + 3)),
+        "text": "r" * rank,
+        "nested": {"tuple": (rank, "x"), "none": None},
+        "array": np.arange(rank + 2, dtype=np.float32) * 1.5,
+    }
 
 
 def _assert_same_object(got, expected):

@@ -9,9 +9,9 @@ B_noise = tr Σ / |G|² = (d+1) + dσ²/|δ|².
 
 import math
 
+import keras
 import numpy as np
 import pytest
-import keras
 
 import kerasdist as kd
 from kerasdist.callbacks import AdaptiveBatchGrowth
@@ -29,7 +29,7 @@ def regression_data(rows, seed, scale=1.0):
     """`scale` multiplies y (and the model's weights, below): gradients grow by `scale`, B_noise stays."""
     rng = np.random.default_rng([seed, RANK])  # every rank draws its own samples
     x = rng.normal(size=(rows, DIMENSIONS)).astype("float32")
-    y = (x @ np.ones((DIMENSIONS, 1)) + rng.normal(scale=math.sqrt(NOISE_VARIANCE), size=(rows, 1)))
+    y = x @ np.ones((DIMENSIONS, 1)) + rng.normal(scale=math.sqrt(NOISE_VARIANCE), size=(rows, 1))
     return x, (scale * y).astype("float32")
 
 
@@ -52,8 +52,9 @@ def fit_for_the_noise_scale(passes, compression=kd.Compression.none, scale=1.0, 
     """Micro-batches of 32 on every rank at learning rate 0; returns the GradientNoiseScale."""
     batch = 32
     noise = kd.GradientNoiseScale(batch_size=batch, ema_decay=0.995)
-    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.0), gradient_noise_scale=noise,
-                                        backward_passes_per_step=passes, compression=compression)
+    optimizer = kd.DistributedOptimizer(
+        keras.optimizers.SGD(0.0), gradient_noise_scale=noise, backward_passes_per_step=passes, compression=compression
+    )
     model = model_off_the_optimum(optimizer, scale)
     x, y = regression_data(batch * micro_batches, seed=1, scale=scale)
     model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=kd.callbacks())
@@ -80,7 +81,7 @@ def test_the_noise_statistic_travels_uncompressed_beside_compressed_gradients():
     # tolerance, still far from the inf or nan a compressed scalar gives.
     noise = fit_for_the_noise_scale(2, kd.Compression.fp16, scale=100.0, micro_batches=600)
     assert noise.noise_scale() == pytest.approx(TRUE_NOISE_SCALE, rel=0.1)
-    assert noise.gradient_sq_norm() == pytest.approx(TRUE_GRADIENT_SQ * 100.0 ** 2, rel=0.1)
+    assert noise.gradient_sq_norm() == pytest.approx(TRUE_GRADIENT_SQ * 100.0**2, rel=0.1)
 
 
 @pytest.mark.skipif(SIZE > 1, reason="several ranks have two batch sizes with k = 1 (tested above)")
@@ -100,8 +101,11 @@ def growth_run(epochs, **growth_arguments):
     """
     per_rank_batch = {1: 4, 2: 2}.get(SIZE, 5)
     passes = 2 if SIZE < 3 else 1
-    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.0), backward_passes_per_step=passes,
-                                        gradient_noise_scale=kd.GradientNoiseScale(ema_decay=0.995))
+    optimizer = kd.DistributedOptimizer(
+        keras.optimizers.SGD(0.0),
+        backward_passes_per_step=passes,
+        gradient_noise_scale=kd.GradientNoiseScale(ema_decay=0.995),
+    )
     model = model_off_the_optimum(optimizer)
     x, y = regression_data(per_rank_batch * 1024, seed=3)
     growth = AdaptiveBatchGrowth(batch_size=per_rank_batch, **growth_arguments)
@@ -114,8 +118,15 @@ def growth_run(epochs, **growth_arguments):
         def on_epoch_end(self, epoch, logs=None):
             updates_per_epoch.append(int(optimizer.iterations.numpy()) - self.start)
 
-    history = model.fit(x, y, batch_size=per_rank_batch, epochs=epochs, shuffle=False, verbose=0,
-                        callbacks=kd.callbacks(batch_growth=growth, extra=[CountUpdates()]))
+    history = model.fit(
+        x,
+        y,
+        batch_size=per_rank_batch,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=kd.callbacks(batch_growth=growth, extra=[CountUpdates()]),
+    )
     return growth, history, updates_per_epoch
 
 
@@ -141,14 +152,18 @@ def test_learning_rate_follows_the_rule_and_the_cap_holds(lr_scaling, factor):
     model = model_off_the_optimum(optimizer)
     x, y = regression_data(per_rank_batch * 16, seed=4)
     start = per_rank_batch * SIZE
-    growth = AdaptiveBatchGrowth(signal="noise_scale", batch_size=per_rank_batch, lr_scaling=lr_scaling,
-                                 max_epochs_without_growth=1, max_batch_size=start * 4)
+    growth = AdaptiveBatchGrowth(
+        signal="noise_scale",
+        batch_size=per_rank_batch,
+        lr_scaling=lr_scaling,
+        max_epochs_without_growth=1,
+        max_batch_size=start * 4,
+    )
     model.fit(x, y, batch_size=per_rank_batch, epochs=4, verbose=0, callbacks=kd.callbacks(batch_growth=growth))
     assert [r["batch_size"] for r in growth.history] == [start, start * 2, start * 4, start * 4]
     assert [r["grew"] for r in growth.history] == [True, True, False, False]
     rates = [r["learning_rate"] for r in growth.history]
-    np.testing.assert_allclose(rates, [0.001, 0.001 * factor, 0.001 * factor ** 2, 0.001 * factor ** 2],
-                               rtol=1e-6)
+    np.testing.assert_allclose(rates, [0.001, 0.001 * factor, 0.001 * factor**2, 0.001 * factor**2], rtol=1e-6)
     assert optimizer.backward_passes_per_step == 4  # raised from 1: the train function was rebuilt
 
 
@@ -157,16 +172,23 @@ def test_checks_come_every_check_every_epochs_epochs_and_only_they_grow():
     optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.001))
     model = model_off_the_optimum(optimizer)
     x, y = regression_data(per_rank_batch * 8, seed=6)
-    growth = AdaptiveBatchGrowth(signal="noise_scale", batch_size=per_rank_batch, check_every_epochs=2,
-                                 max_epochs_without_growth=1)  # every check grows
+    growth = AdaptiveBatchGrowth(
+        signal="noise_scale", batch_size=per_rank_batch, check_every_epochs=2, max_epochs_without_growth=1
+    )  # every check grows
     passes_per_epoch = []
 
     class Passes(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
             passes_per_epoch.append(optimizer.backward_passes_per_step)
 
-    history = model.fit(x, y, batch_size=per_rank_batch, epochs=5, verbose=0,
-                        callbacks=kd.callbacks(batch_growth=growth, extra=[Passes()]))
+    history = model.fit(
+        x,
+        y,
+        batch_size=per_rank_batch,
+        epochs=5,
+        verbose=0,
+        callbacks=kd.callbacks(batch_growth=growth, extra=[Passes()]),
+    )
     assert [record["epoch"] for record in growth.history] == [1, 3]
     assert passes_per_epoch == [1, 1, 2, 2, 4]
     start = per_rank_batch * SIZE
@@ -192,8 +214,14 @@ def test_curvature_growth_measures_the_known_eigenvalue_and_grows_when_overdue()
     union_x = np.concatenate(kd.allgather_object(x))
     expected = float(np.linalg.eigvalsh(2.0 / len(union_x) * union_x.T.astype("float64") @ union_x).max())
     model = model_off_the_optimum(kd.DistributedOptimizer(keras.optimizers.SGD(0.001), backward_passes_per_step=2))
-    growth = AdaptiveBatchGrowth(signal="curvature", batch_size=4, curvature_data=(x, y), max_epochs_without_growth=2,
-                                 hessian_iterations=50, hessian_tolerance=1e-6)
+    growth = AdaptiveBatchGrowth(
+        signal="curvature",
+        batch_size=4,
+        curvature_data=(x, y),
+        max_epochs_without_growth=2,
+        hessian_iterations=50,
+        hessian_tolerance=1e-6,
+    )
     history = model.fit(x, y, batch_size=4, epochs=4, verbose=0, callbacks=kd.callbacks(batch_growth=growth))
     np.testing.assert_allclose(history.history["hessian_top_eigenvalue"], [expected] * 4, rtol=1e-3)
     assert [r["grew"] for r in growth.history] == [False, True, False, True]

@@ -6,13 +6,18 @@ all shards itself) or from the formulas in docs/algorithms.md written out here.
 
 import math
 
+import keras
 import numpy as np
 import pytest
-import keras
 
 import kerasdist as kd
-from kerasdist.callbacks import (BroadcastGlobalState, LearningRateSchedule, LearningRateWarmup, MetricAverage,
-                                 Rank0ProgbarLogger)
+from kerasdist.callbacks import (
+    BroadcastGlobalState,
+    LearningRateSchedule,
+    LearningRateWarmup,
+    MetricAverage,
+    Rank0ProgbarLogger,
+)
 from kerasdist.optimizers import LARS
 
 kd.init()
@@ -42,8 +47,9 @@ def metrics():
 
 
 def compiled(model):
-    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy",
-                  metrics=metrics())
+    model.compile(
+        kd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="sparse_categorical_crossentropy", metrics=metrics()
+    )
     return model
 
 
@@ -68,9 +74,14 @@ def test_metrics_with_count_tables_are_exact_too():
     def binary_model():
         keras.utils.set_random_seed(4)
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, activation="sigmoid")])
-        model.compile(loss="binary_crossentropy", metrics=[keras.metrics.AUC(num_thresholds=50, name="auc"),
-                                                           keras.metrics.Precision(name="precision"),
-                                                           keras.metrics.Recall(name="recall")])
+        model.compile(
+            loss="binary_crossentropy",
+            metrics=[
+                keras.metrics.AUC(num_thresholds=50, name="auc"),
+                keras.metrics.Precision(name="precision"),
+                keras.metrics.Recall(name="recall"),
+            ],
+        )
         return model
 
     x, y = shard_of_unequal_size(RANK, seed=15)
@@ -88,8 +99,9 @@ def test_epoch_logs_are_global_and_equal_on_every_rank():
     x, y = shard_of_unequal_size(RANK, seed=8)
     vx, vy = shard_of_unequal_size(RANK, seed=9)
     # 2 steps per epoch on every rank (5+3r rows cut to 4), unequal validation shards
-    history = model.fit(x[:4], y[:4], batch_size=2, epochs=2, validation_data=(vx, vy), verbose=0,
-                        callbacks=kd.callbacks())
+    history = model.fit(
+        x[:4], y[:4], batch_size=2, epochs=2, validation_data=(vx, vy), verbose=0, callbacks=kd.callbacks()
+    )
     logs = {name: values[-1] for name, values in history.history.items()}
     everyone = kd.allgather_object(logs)
     assert all(other == everyone[0] for other in everyone)
@@ -111,8 +123,9 @@ def test_train_loss_in_the_logs_is_over_every_ranks_batches():
     before.compile(loss="sparse_categorical_crossentropy")
     history = model.fit(x[:4], y[:4], batch_size=4, epochs=1, verbose=0, callbacks=kd.callbacks())
     rows = [shard_of_unequal_size(r, seed=10) for r in range(SIZE)]
-    expected = before.evaluate(np.concatenate([r[0][:4] for r in rows]), np.concatenate([r[1][:4] for r in rows]),
-                               verbose=0)
+    expected = before.evaluate(
+        np.concatenate([r[0][:4] for r in rows]), np.concatenate([r[1][:4] for r in rows]), verbose=0
+    )
     assert history.history["loss"][0] == pytest.approx(expected, rel=1e-5)
 
 
@@ -165,22 +178,32 @@ class LearningRateProbe(keras.callbacks.Callback):
 
 def warmup_rates(base_lr, scale, steps, warmup_epochs, epochs):
     """The README's formula, per step (micro-batch) of each epoch."""
-    return [base_lr * (1 + (scale - 1) * min(1.0, (e * steps + b) / (warmup_epochs * steps)))
-            for e in range(epochs) for b in range(steps)]
+    return [
+        base_lr * (1 + (scale - 1) * min(1.0, (e * steps + b) / (warmup_epochs * steps)))
+        for e in range(epochs)
+        for b in range(steps)
+    ]
 
 
 @pytest.mark.parametrize("scaling", ["linear", "sqrt"])
 def test_warmup_rates_follow_the_formula_with_momentum_correction(scaling):
     base_lr, steps, warmup_epochs, epochs = 0.01, 4, 2, 3
     model = classifier()
-    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr, momentum=0.9)),
-                  loss="sparse_categorical_crossentropy")
+    model.compile(
+        kd.DistributedOptimizer(keras.optimizers.SGD(base_lr, momentum=0.9)), loss="sparse_categorical_crossentropy"
+    )
     x, y = shard_of_unequal_size(RANK, seed=12)
     x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
     probe = LearningRateProbe()
-    history = model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
-                        callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs, scaling=scaling),
-                                   probe])
+    history = model.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs, scaling=scaling), probe],
+    )
     scale = SIZE if scaling == "linear" else math.sqrt(SIZE)
     expected = warmup_rates(base_lr, scale, steps, warmup_epochs, epochs)
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
@@ -198,8 +221,15 @@ def test_warmup_reaches_the_scaled_rate_when_its_steps_are_not_a_whole_number(wa
     x, y = shard_of_unequal_size(RANK, seed=18)
     x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
     probe = LearningRateProbe()
-    model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
-              callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs), probe])
+    model.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs), probe],
+    )
     warmup_steps = warmup_epochs * steps
     expected = [base_lr * (1 + (SIZE - 1) * min(1.0, step / warmup_steps)) for step in range(epochs * steps)]
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
@@ -209,26 +239,39 @@ def test_warmup_reaches_the_scaled_rate_when_its_steps_are_not_a_whole_number(wa
 @pytest.mark.parametrize("momentum_correction", [True, False], ids=["corrected", "uncorrected"])
 @pytest.mark.parametrize("inner", ["sgd", "lars"])
 def test_warmup_with_accumulated_micro_batches_scales_by_them_and_corrects_velocities_if_asked(
-        inner, momentum_correction):
+    inner, momentum_correction
+):
     # k = 2 micro-batches per update: the batch scale is ranks × 2, the ramp advances per
     # micro-batch (fit's steps), and the velocity (SGD's or LARS's) is rescaled by new/old rate
     # at every change, or left alone without momentum correction.
     base_lr, steps, warmup_epochs, epochs, passes = 0.01, 4, 2, 3, 2
     optimizer = keras.optimizers.SGD(base_lr, momentum=0.9) if inner == "sgd" else LARS(base_lr, momentum=0.9)
     model = classifier()
-    model.compile(kd.DistributedOptimizer(optimizer, backward_passes_per_step=passes),
-                  loss="sparse_categorical_crossentropy")
+    model.compile(
+        kd.DistributedOptimizer(optimizer, backward_passes_per_step=passes), loss="sparse_categorical_crossentropy"
+    )
     x, y = shard_of_unequal_size(RANK, seed=19)
     x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
     probe = LearningRateProbe()
-    model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
-              callbacks=[BroadcastGlobalState(), LearningRateWarmup(warmup_epochs, momentum_correction=momentum_correction),
-                         probe])
+    model.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[
+            BroadcastGlobalState(),
+            LearningRateWarmup(warmup_epochs, momentum_correction=momentum_correction),
+            probe,
+        ],
+    )
     expected = warmup_rates(base_lr, SIZE * passes, steps, warmup_epochs, epochs)
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
     assert probe.ratio_steps[0] == passes  # the first update is at the end of micro-batch k
-    expected_ratios = [expected[step] / expected[step - 1] if momentum_correction else 1.0
-                       for step in probe.ratio_steps]
+    expected_ratios = [
+        expected[step] / expected[step - 1] if momentum_correction else 1.0 for step in probe.ratio_steps
+    ]
     np.testing.assert_allclose(probe.velocity_ratios, expected_ratios, rtol=1e-5)
 
 
@@ -237,13 +280,22 @@ def test_schedule_without_staircase_follows_the_fractional_epoch_every_batch(pas
     # With k = 2 accumulated micro-batches the batch scale is ranks × 2.
     base_lr, steps, epochs = 0.02, 4, 3
     model = classifier()
-    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr), backward_passes_per_step=passes),
-                  loss="sparse_categorical_crossentropy")
+    model.compile(
+        kd.DistributedOptimizer(keras.optimizers.SGD(base_lr), backward_passes_per_step=passes),
+        loss="sparse_categorical_crossentropy",
+    )
     x, y = shard_of_unequal_size(RANK, seed=20)
     x, y = np.resize(x, (steps * 2, 4)), np.resize(y, steps * 2)
     probe = LearningRateProbe()
-    model.fit(x, y, batch_size=2, epochs=epochs, shuffle=False, verbose=0,
-              callbacks=[LearningRateSchedule(lambda epoch: 1.0 / (1.0 + epoch), staircase=False), probe])
+    model.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=[LearningRateSchedule(lambda epoch: 1.0 / (1.0 + epoch), staircase=False), probe],
+    )
     expected = [base_lr * SIZE * passes / (1.0 + e + b / steps) for e in range(epochs) for b in range(steps)]
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
 
@@ -254,8 +306,11 @@ def test_schedule_multiplies_the_scaled_rate_within_its_epochs():
     model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(base_lr)), loss="sparse_categorical_crossentropy")
     x, y = shard_of_unequal_size(RANK, seed=13)
     probe = LearningRateProbe()
-    callbacks = [LearningRateSchedule(0.5, start_epoch=1, end_epoch=3),
-                 LearningRateSchedule(lambda epoch: 0.1 * epoch, start_epoch=3), probe]
+    callbacks = [
+        LearningRateSchedule(0.5, start_epoch=1, end_epoch=3),
+        LearningRateSchedule(lambda epoch: 0.1 * epoch, start_epoch=3),
+        probe,
+    ]
     model.fit(x[:4], y[:4], batch_size=2, epochs=5, shuffle=False, verbose=0, callbacks=callbacks)
     per_epoch = probe.rates[::2]
     expected = [base_lr, base_lr * SIZE * 0.5, base_lr * SIZE * 0.5, base_lr * SIZE * 0.3, base_lr * SIZE * 0.4]
@@ -308,8 +363,14 @@ def test_a_root_rank_other_than_0_is_broadcast_from_and_alone_prints_and_writes(
     initial = kd.allgather_object(model.get_weights())
     x, y = shard_of_unequal_size(RANK, seed=21)
     at_begin = _WeightsAtTrainBegin()
-    model.fit(x[:4], y[:4], batch_size=2, epochs=2, verbose=1,
-              callbacks=kd.callbacks(root_rank=root, csv_path=per_rank / "log.csv", extra=[at_begin]))
+    model.fit(
+        x[:4],
+        y[:4],
+        batch_size=2,
+        epochs=2,
+        verbose=1,
+        callbacks=kd.callbacks(root_rank=root, csv_path=per_rank / "log.csv", extra=[at_begin]),
+    )
     for got, expected in zip(at_begin.weights, initial[root], strict=True):
         np.testing.assert_array_equal(got, expected)
     printed = capsys.readouterr().out
@@ -339,16 +400,18 @@ def test_without_metric_averaging_each_rank_reports_its_own_shard():
 @pytest.mark.skipif(SIZE < 2, reason="needs 2 ranks to compare their dropout masks")
 def test_dropout_seed_states_stay_per_rank_while_the_weights_are_shared():
     keras.utils.set_random_seed(300 + RANK)  # own weights and own dropout seed on every rank
-    model = compiled(keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5),
-                                       keras.layers.Dense(3, activation="softmax")]))
+    model = compiled(
+        keras.Sequential([keras.Input((4,)), keras.layers.Dropout(0.5), keras.layers.Dense(3, activation="softmax")])
+    )
     x, y = shard_of_unequal_size(RANK, seed=23)
     model.fit(x[:4], y[:4], batch_size=2, verbose=0, callbacks=kd.callbacks())
     weights = kd.allgather_object(model.get_weights())
     for other in weights[1:]:
         for a, b in zip(other, weights[0], strict=True):
             np.testing.assert_array_equal(a, b)
-    seed_states = kd.allgather_object([v.numpy().tolist() for v in model.variables
-                                       if v.path.endswith("seed_generator_state")])
+    seed_states = kd.allgather_object(
+        [v.numpy().tolist() for v in model.variables if v.path.endswith("seed_generator_state")]
+    )
     assert seed_states[0] and len({repr(state) for state in seed_states}) == SIZE
     masks = kd.allgather_object((model.layers[0](np.ones((16, 4), "float32"), training=True).numpy() != 0).tolist())
     assert len({repr(mask) for mask in masks}) == SIZE  # every rank draws its own mask
@@ -358,8 +421,14 @@ def test_tensorboard_and_csv_logs_are_written_by_the_root_rank_only(tmp_path):
     per_rank = tmp_path / f"rank{RANK}"  # each rank's own directory: only rank 0's may fill
     model = compiled(classifier())
     x, y = shard_of_unequal_size(RANK, seed=17)
-    model.fit(x[:4], y[:4], batch_size=2, epochs=2, verbose=0,
-              callbacks=kd.callbacks(tensorboard_dir=per_rank / "tb", csv_path=per_rank / "log.csv"))
+    model.fit(
+        x[:4],
+        y[:4],
+        batch_size=2,
+        epochs=2,
+        verbose=0,
+        callbacks=kd.callbacks(tensorboard_dir=per_rank / "tb", csv_path=per_rank / "log.csv"),
+    )
     if RANK == 0:
         assert list((per_rank / "tb" / "train").glob("events.out.tfevents.*"))
         assert (per_rank / "log.csv").read_text().count("\n") == 3  # header + 2 epochs

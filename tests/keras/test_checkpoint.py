@@ -42,10 +42,12 @@ def shared_dir():
 
 def make_model(seed=1, metrics=()):
     keras.utils.set_random_seed(seed)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="relu"),
-                              keras.layers.Dense(1)])
-    model.compile(optimizer=kd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse",
-                  metrics=list(metrics))
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)]
+    )
+    model.compile(
+        optimizer=kd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse", metrics=list(metrics)
+    )
     return model
 
 
@@ -58,8 +60,9 @@ def this_ranks_data():
 
 def fit(model, epochs, callbacks=(), **kwargs):
     x, y = this_ranks_data()
-    return model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks),
-                     **kwargs)
+    return model.fit(
+        x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=list(callbacks), **kwargs
+    )
 
 
 def state_values(model):
@@ -84,8 +87,18 @@ class _NoCollective:
 def collectives_forbidden(monkeypatch):
     """Every kerasdist collective, and the op library behind all of them, fail the test."""
     with monkeypatch.context() as patch:
-        for name in ("allreduce", "grouped_allreduce", "allgather", "broadcast", "broadcast_variables",
-                     "reducescatter", "alltoall", "broadcast_object", "allgather_object", "barrier"):
+        for name in (
+            "allreduce",
+            "grouped_allreduce",
+            "allgather",
+            "broadcast",
+            "broadcast_variables",
+            "reducescatter",
+            "alltoall",
+            "broadcast_object",
+            "allgather_object",
+            "barrier",
+        ):
             patch.setattr(ops, name, _fail_collective(name))
         patch.setattr(runtime.state(), "ops", _NoCollective())
         yield
@@ -94,6 +107,7 @@ def collectives_forbidden(monkeypatch):
 def _fail_collective(name):
     def fail(*args, **kwargs):
         raise AssertionError(f"a collective ran while saving: kerasdist.{name}")
+
     return fail
 
 
@@ -158,8 +172,9 @@ def test_save_best_only_saves_the_epochs_keras_model_checkpoint_saves(shared_dir
     if RANK != 0:
         return
     reference_dir = shared_dir / "keras"
-    reference = keras.callbacks.ModelCheckpoint(str(reference_dir / "epoch{epoch:04d}.keras"), monitor=monitor,
-                                                mode=mode, save_best_only=True)
+    reference = keras.callbacks.ModelCheckpoint(
+        str(reference_dir / "epoch{epoch:04d}.keras"), monitor=monitor, mode=mode, save_best_only=True
+    )
     reference.set_model(model)
     with warnings_if(None in values):
         for epoch, epoch_logs in enumerate(logs):
@@ -209,8 +224,9 @@ def test_a_name_without_fields_is_overwritten_and_records_its_epoch(shared_dir):
 
 
 def test_the_filename_takes_the_epoch_and_the_logs_like_model_checkpoint(shared_dir):
-    history = fit(make_model(), epochs=2,
-                  callbacks=[Rank0Checkpoint(shared_dir, filename="{epoch:02d}-loss{loss:.4f}.keras")])
+    history = fit(
+        make_model(), epochs=2, callbacks=[Rank0Checkpoint(shared_dir, filename="{epoch:02d}-loss{loss:.4f}.keras")]
+    )
     names = [f"{epoch:02d}-loss{loss:.4f}.keras" for epoch, loss in enumerate(history.history["loss"], start=1)]
     if RANK == 0:  # the names come from the root's logs
         assert checkpoint_files(shared_dir) == names
@@ -304,7 +320,8 @@ def test_leftovers_of_an_interrupted_save_are_removed_and_never_taken_for_checkp
 
 @pytest.mark.parametrize("filename", ["epoch{epoch:04d}.keras", "model.keras"])
 def test_a_crash_before_the_save_is_recorded_leaves_a_latest_whose_epoch_matches_its_contents(
-        shared_dir, monkeypatch, filename):
+    shared_dir, monkeypatch, filename
+):
     model = make_model()
     build_optimizer(model)
     checkpoint = Rank0Checkpoint(shared_dir, filename=filename)
@@ -402,13 +419,16 @@ def test_resume_from_a_damaged_latest_checkpoint_falls_back_to_the_newest_intact
         latest = shared_dir / "epoch0003.keras"
         data = latest.read_bytes()
         if damage == "truncated":
-            latest.write_bytes(data[:len(data) // 2])
+            latest.write_bytes(data[: len(data) // 2])
         else:  # inside the first stored entry: its CRC no longer matches
             middle = len(data) // 4
-            latest.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1:])
+            latest.write_bytes(data[:middle] + bytes([data[middle] ^ 0xFF]) + data[middle + 1 :])
     kd.barrier()
-    with pytest.warns(UserWarning, match="epoch0003.keras .*cannot be read.*newest intact one.*epoch0002.keras") \
-            if RANK == 0 else contextlib.nullcontext():
+    with (
+        pytest.warns(UserWarning, match="epoch0003.keras .*cannot be read.*newest intact one.*epoch0002.keras")
+        if RANK == 0
+        else contextlib.nullcontext()
+    ):
         checkpoint = Rank0Checkpoint(shared_dir, resume=True)
     assert checkpoint.initial_epoch == 2
 
@@ -426,12 +446,16 @@ def test_a_checkpoint_of_another_model_fails_every_rank_when_fit_starts(shared_d
     kd.barrier()  # every rank got here: no rank was left waiting for the state broadcast
 
 
-@pytest.mark.parametrize("arguments", [
-    {"filename": "epoch{epoch}.h5"},
-    {"filename": "sub/epoch{epoch}.keras"},
-    {"keep_last": 0},
-    {"root_rank": SIZE},
-], ids=["not_keras", "a_path", "keep_none", "root_outside_the_job"])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"filename": "epoch{epoch}.h5"},
+        {"filename": "sub/epoch{epoch}.keras"},
+        {"keep_last": 0},
+        {"root_rank": SIZE},
+    ],
+    ids=["not_keras", "a_path", "keep_none", "root_outside_the_job"],
+)
 def test_invalid_arguments_are_refused_before_any_collective(shared_dir, arguments):
     with pytest.raises(ValueError):
         Rank0Checkpoint(shared_dir, **arguments)

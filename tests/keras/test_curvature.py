@@ -6,9 +6,9 @@ MSE, from the full Hessian (`GradientTape.jacobian` of the gradient) and `np.lin
 an MLP.
 """
 
+import keras
 import numpy as np
 import pytest
-import keras
 import tensorflow as tf
 
 import kerasdist as kd
@@ -43,26 +43,34 @@ def mse():
 def linear_model(l2=0.0):
     keras.utils.set_random_seed(1)
     regularizer = keras.regularizers.L2(l2) if l2 else None
-    return keras.Sequential([keras.Input((FEATURES,), dtype="float64"),
-                             keras.layers.Dense(OUTPUTS, kernel_regularizer=regularizer, dtype="float64")])
+    return keras.Sequential(
+        [
+            keras.Input((FEATURES,), dtype="float64"),
+            keras.layers.Dense(OUTPUTS, kernel_regularizer=regularizer, dtype="float64"),
+        ]
+    )
 
 
 def linear_mse_hessian(x, l2=0.0):
     """Loss (1/nm) Σ (x·W + b − y)² (+ l2‖W‖²) over kernel (row-major) then bias: (2/nm) A'A ⊗ I_m."""
     design = np.hstack([x, np.ones((len(x), 1))])
     hessian = 2.0 / (len(x) * OUTPUTS) * np.kron(design.T @ design, np.eye(OUTPUTS))
-    hessian[:FEATURES * OUTPUTS, :FEATURES * OUTPUTS] += 2.0 * l2 * np.eye(FEATURES * OUTPUTS)
+    hessian[: FEATURES * OUTPUTS, : FEATURES * OUTPUTS] += 2.0 * l2 * np.eye(FEATURES * OUTPUTS)
     return hessian
 
 
 def mlp():
     """Frozen first layer and batch normalization: trainable and non-trainable variables mixed."""
     keras.utils.set_random_seed(3)
-    model = keras.Sequential([keras.Input((FEATURES,), dtype="float64"),
-                              keras.layers.Dense(4, activation="tanh", trainable=False, dtype="float64"),
-                              keras.layers.Dense(6, activation="relu", dtype="float64"),
-                              keras.layers.BatchNormalization(dtype="float64"),
-                              keras.layers.Dense(OUTPUTS, dtype="float64")])
+    model = keras.Sequential(
+        [
+            keras.Input((FEATURES,), dtype="float64"),
+            keras.layers.Dense(4, activation="tanh", trainable=False, dtype="float64"),
+            keras.layers.Dense(6, activation="relu", dtype="float64"),
+            keras.layers.BatchNormalization(dtype="float64"),
+            keras.layers.Dense(OUTPUTS, dtype="float64"),
+        ]
+    )
     model.layers[2].moving_mean.assign(np.full(6, 0.1))  # so inference normalization is not the identity
     return model
 
@@ -157,12 +165,15 @@ def test_a_zero_hessian_gives_zero_not_nan():
 
 def test_loss_given_as_a_name_a_function_or_an_object_agree():
     keras.utils.set_random_seed(4)
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(5, activation="tanh"),
-                              keras.layers.Dense(OUTPUTS)])
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(OUTPUTS)]
+    )
     x, y, _ = shard(RANK, seed=17)
     x, y = x.astype("float32"), y.astype("float32")
-    values = [top_hessian_eigenvalue(model, loss, x, y, iterations=5)
-              for loss in ("mse", keras.losses.mean_squared_error, keras.losses.MeanSquaredError())]
+    values = [
+        top_hessian_eigenvalue(model, loss, x, y, iterations=5)
+        for loss in ("mse", keras.losses.mean_squared_error, keras.losses.MeanSquaredError())
+    ]
     assert values[0] == values[1] == values[2]
 
 

@@ -160,15 +160,26 @@ def test_check_equal_steps_raises_on_every_rank_naming_each_ranks_count():
         data.check_equal_steps(mine, what="validation steps")
     message = str(raised.value)
     others = ", ".join(map(str, range(SIZE - 1)))
-    assert f"different numbers of validation steps: 10 on rank{'s' if SIZE > 2 else ''} {others}; " \
-           f"11 on rank {SIZE - 1}." in message
+    assert (
+        f"different numbers of validation steps: 10 on rank{'s' if SIZE > 2 else ''} {others}; "
+        f"11 on rank {SIZE - 1}." in message
+    )
     assert "steps_per_epoch=10" in message
     assert kd.allgather_object("raised") == ["raised"] * SIZE  # every rank got here: no hang
 
 
-@pytest.mark.parametrize("examples, batch, drop, steps", [
-    (0, 32, False, 0), (899, 32, False, 29), (898, 32, False, 29), (896, 32, False, 28),
-    (899, 32, True, 28), (31, 32, True, 0), (32, 32, True, 1)])
+@pytest.mark.parametrize(
+    "examples, batch, drop, steps",
+    [
+        (0, 32, False, 0),
+        (899, 32, False, 29),
+        (898, 32, False, 29),
+        (896, 32, False, 28),
+        (899, 32, True, 28),
+        (31, 32, True, 0),
+        (32, 32, True, 1),
+    ],
+)
 def test_steps_per_epoch(examples, batch, drop, steps):
     assert data.steps_per_epoch(examples, batch, drop_remainder=drop) == steps
 
@@ -206,9 +217,11 @@ def test_set_random_seed_for_rank_seeds_python_numpy_and_tensorflow_per_rank():
     assert len(set(everyone)) == SIZE  # ... and different on every rank
 
 
-@pytest.mark.parametrize("function", [data.shard, data.steps_per_epoch, data.check_equal_steps,
-                                      data.seed_for_rank, data.set_random_seed_for_rank],
-                         ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "function",
+    [data.shard, data.steps_per_epoch, data.check_equal_steps, data.seed_for_rank, data.set_random_seed_for_rank],
+    ids=lambda f: f.__name__,
+)
 def test_docstring_example_runs(function):
     block = re.search(r"Example:\s*```python\n(.*?)```", function.__doc__, flags=re.S).group(1)
     lines = block.splitlines()

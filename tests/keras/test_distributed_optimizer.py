@@ -9,14 +9,15 @@ batch, and the mean of the per-rank means is the global mean.
 
 import dataclasses
 
+import keras
 import ml_dtypes
 import numpy as np
 import pytest
 import tensorflow as tf
-import keras
 
 import kerasdist as kd
-from kerasdist import optimizer as optimizer_module, runtime
+from kerasdist import optimizer as optimizer_module
+from kerasdist import runtime
 from kerasdist.optimizers import LAMB, LARS
 
 kd.init()
@@ -40,14 +41,13 @@ def this_ranks_rows(array, per_rank_batch, passes):
     for start in range(0, len(array), global_batch):
         for micro in range(passes):
             slot = micro * SIZE + RANK
-            chunks.append(array[start + slot * per_rank_batch: start + (slot + 1) * per_rank_batch])
+            chunks.append(array[start + slot * per_rank_batch : start + (slot + 1) * per_rank_batch])
     return np.concatenate(chunks)
 
 
 def make_model(seed=1):
     keras.utils.set_random_seed(seed)
-    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"),
-                             keras.layers.Dense(1)])
+    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)])
 
 
 OPTIMIZERS = {
@@ -68,14 +68,21 @@ def test_fit_equals_one_process_with_the_global_batch(optimizer_name, passes):
     x, y = global_data(STEPS, SIZE * passes * PER_RANK_BATCH)
     reference = make_model()
     reference.compile(OPTIMIZERS[optimizer_name](), loss="mse")
-    reference_history = reference.fit(x, y, batch_size=SIZE * passes * PER_RANK_BATCH, epochs=2,
-                                      shuffle=False, verbose=0)
+    reference_history = reference.fit(
+        x, y, batch_size=SIZE * passes * PER_RANK_BATCH, epochs=2, shuffle=False, verbose=0
+    )
 
     model = make_model()
-    model.compile(kd.DistributedOptimizer(OPTIMIZERS[optimizer_name](), backward_passes_per_step=passes),
-                  loss="mse")
-    history = model.fit(this_ranks_rows(x, PER_RANK_BATCH, passes), this_ranks_rows(y, PER_RANK_BATCH, passes),
-                        batch_size=PER_RANK_BATCH, epochs=2, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    model.compile(kd.DistributedOptimizer(OPTIMIZERS[optimizer_name](), backward_passes_per_step=passes), loss="mse")
+    history = model.fit(
+        this_ranks_rows(x, PER_RANK_BATCH, passes),
+        this_ranks_rows(y, PER_RANK_BATCH, passes),
+        batch_size=PER_RANK_BATCH,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=kd.callbacks(),
+    )
 
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
     assert int(model.optimizer.iterations.numpy()) == int(reference.optimizer.iterations.numpy())
@@ -93,8 +100,14 @@ def test_ranks_that_start_from_different_weights_end_equal_and_follow_rank_0():
     reference.fit(x, y, batch_size=SIZE * PER_RANK_BATCH, shuffle=False, verbose=0)
 
     model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
-    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
-              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    model.fit(
+        this_ranks_rows(x, PER_RANK_BATCH, 1),
+        this_ranks_rows(y, PER_RANK_BATCH, 1),
+        batch_size=PER_RANK_BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=kd.callbacks(),
+    )
 
     every_ranks = kd.allgather_object(model.get_weights())
     for weights in every_ranks[1:]:
@@ -107,8 +120,13 @@ def test_without_a_broadcast_the_first_update_gives_every_rank_rank_0s_weights_a
     x, y = global_data(STEPS, SIZE * passes * PER_RANK_BATCH)
     model = make_model(seed=200 + RANK)  # every rank initialises differently, and nothing broadcasts
     model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=passes), loss="mse")
-    model.fit(this_ranks_rows(x, PER_RANK_BATCH, passes), this_ranks_rows(y, PER_RANK_BATCH, passes),
-              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0)
+    model.fit(
+        this_ranks_rows(x, PER_RANK_BATCH, passes),
+        this_ranks_rows(y, PER_RANK_BATCH, passes),
+        batch_size=PER_RANK_BATCH,
+        shuffle=False,
+        verbose=0,
+    )
 
     every_ranks = kd.allgather_object(model.get_weights())
     for weights in every_ranks[1:]:
@@ -121,8 +139,13 @@ def test_ranks_that_start_equal_are_left_alone_without_a_warning(capfd):
     x, y = global_data(STEPS, SIZE * PER_RANK_BATCH)
     model = make_model()  # the same seed on every rank
     model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
-    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
-              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0)
+    model.fit(
+        this_ranks_rows(x, PER_RANK_BATCH, 1),
+        this_ranks_rows(y, PER_RANK_BATCH, 1),
+        batch_size=PER_RANK_BATCH,
+        shuffle=False,
+        verbose=0,
+    )
     assert "different trainable weights" not in capfd.readouterr().err
     reference = make_model()
     reference.compile(keras.optimizers.SGD(0.05), loss="mse")
@@ -147,8 +170,14 @@ def test_embedding_gradients_equal_the_global_batch_gathered_or_densified(sparse
 
     def embedding_model():
         keras.utils.set_random_seed(5)
-        return keras.Sequential([keras.Input((3,), dtype="int32"), keras.layers.Embedding(20, 4),
-                                 keras.layers.Flatten(), keras.layers.Dense(1)])
+        return keras.Sequential(
+            [
+                keras.Input((3,), dtype="int32"),
+                keras.layers.Embedding(20, 4),
+                keras.layers.Flatten(),
+                keras.layers.Dense(1),
+            ]
+        )
 
     reference = embedding_model()
     reference.compile(keras.optimizers.SGD(0.1), loss="mse")
@@ -156,8 +185,14 @@ def test_embedding_gradients_equal_the_global_batch_gathered_or_densified(sparse
     model = embedding_model()
     inner = RecordingSGD(0.1)
     model.compile(kd.DistributedOptimizer(inner, sparse_as_dense=sparse_as_dense), loss="mse")
-    model.fit(this_ranks_rows(ids, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
-              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    model.fit(
+        this_ranks_rows(ids, PER_RANK_BATCH, 1),
+        this_ranks_rows(y, PER_RANK_BATCH, 1),
+        batch_size=PER_RANK_BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=kd.callbacks(),
+    )
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
     # What reached the inner optimizer for the embedding, kernel and bias: the gathered slices,
     # or one dense tensor (in a world of one nothing is reduced, so the slices stay).
@@ -181,8 +216,9 @@ def test_gradient_tape_gathers_embedding_gradients_as_slices_from_every_rank():
     grad = tape.gradient(loss, table)
     assert isinstance(grad, tf.IndexedSlices), type(grad)
     np.testing.assert_array_equal(grad.indices.numpy(), np.concatenate([embedding_lookups(r) for r in range(SIZE)]))
-    np.testing.assert_array_equal(grad.values.numpy(), np.concatenate(
-        [np.full((len(embedding_lookups(r)), 3), r + 1.0) for r in range(SIZE)]))
+    np.testing.assert_array_equal(
+        grad.values.numpy(), np.concatenate([np.full((len(embedding_lookups(r)), 3), r + 1.0) for r in range(SIZE)])
+    )
 
 
 def test_gradient_tape_with_sparse_as_dense_reduces_one_dense_tensor():
@@ -224,10 +260,13 @@ def summed_probes_as_received(compression):
 def test_fit_sends_gradients_in_the_compressed_dtype(compression):
     # The loss (w·x − 0.5)² at w = 0 has the gradient −x: one SGD step at rate 1 with op=Sum
     # sets w to the sum over ranks of x as it travelled.
-    model = keras.Sequential([keras.Input((len(ROUNDING_PROBES) * SIZE,)),
-                              keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
-    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=kd.Sum,
-                                          compression=getattr(kd.Compression, compression)), loss="mse")
+    model = keras.Sequential(
+        [keras.Input((len(ROUNDING_PROBES) * SIZE,)), keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
+    )
+    model.compile(
+        kd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=kd.Sum, compression=getattr(kd.Compression, compression)),
+        loss="mse",
+    )
     model.fit(probe_row(RANK)[None], np.float32([[0.5]]), batch_size=1, verbose=0, callbacks=kd.callbacks())
     np.testing.assert_array_equal(model.get_weights()[0][:, 0], summed_probes_as_received(compression))
 
@@ -240,8 +279,9 @@ def test_gradient_tape_sends_gradients_in_the_compressed_dtype(compression):
 
     @tf.function
     def step():
-        with kd.DistributedGradientTape(tf.GradientTape(), op=kd.Sum,
-                                        compression=getattr(kd.Compression, compression)) as tape:
+        with kd.DistributedGradientTape(
+            tf.GradientTape(), op=kd.Sum, compression=getattr(kd.Compression, compression)
+        ) as tape:
             loss = tf.reduce_sum(w * x)  # gradient x
         grads = tape.gradient(loss, [w])
         optimizer.apply(grads, [w])
@@ -346,20 +386,27 @@ def test_gradient_tape_matches_one_process_with_the_global_batch():
             optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
 
         for start in range(0, len(xs), batch):
-            step(xs[start:start + batch], ys[start:start + batch])
+            step(xs[start : start + batch], ys[start : start + batch])
         return model.get_weights()
 
     expected = train(make_model(), x, y, SIZE * PER_RANK_BATCH, lambda tape: tape)
-    got = train(make_model(), this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
-                PER_RANK_BATCH, kd.DistributedGradientTape)
+    got = train(
+        make_model(),
+        this_ranks_rows(x, PER_RANK_BATCH, 1),
+        this_ranks_rows(y, PER_RANK_BATCH, 1),
+        PER_RANK_BATCH,
+        kd.DistributedGradientTape,
+    )
     assert max_difference(got, expected) < 1e-5
 
 
 @pytest.fixture
 def bucket_bytes(monkeypatch):
     """Sets KERASDIST_BUCKET_BYTES for one test (init() read it once)."""
+
     def set_to(value):
         monkeypatch.setattr(runtime.state(), "knobs", dataclasses.replace(runtime.state().knobs, bucket_bytes=value))
+
     return set_to
 
 
@@ -389,10 +436,14 @@ def test_gradients_travel_in_buckets_filled_from_the_last_layer(bucket_bytes, si
     assert reductions[0].inputs[0].shape.as_list() == last_bias_gradient_shape
 
 
-@pytest.mark.parametrize("gradient_bytes, expected", [
-    (240_000, 64 * 2**10),  # a small CNN: the 64 KiB floor, 4 buckets
-    (1_084_384, 1_084_384 // 8),  # ResNet-20: 8 buckets
-    (102_228_128, 4 * 2**20)])  # ResNet-50: the 4 MiB cap, 25 buckets
+@pytest.mark.parametrize(
+    "gradient_bytes, expected",
+    [
+        (240_000, 64 * 2**10),  # a small CNN: the 64 KiB floor, 4 buckets
+        (1_084_384, 1_084_384 // 8),  # ResNet-20: 8 buckets
+        (102_228_128, 4 * 2**20),
+    ],
+)  # ResNet-50: the 4 MiB cap, 25 buckets
 def test_automatic_bucket_size_is_an_eighth_of_the_gradients_within_bounds(gradient_bytes, expected):
     half = gradient_bytes // 2
     grads = [tf.zeros([half // 4]), tf.zeros([half // 8], tf.float64)]
@@ -436,8 +487,9 @@ def test_first_bucket_leaves_without_waiting_for_the_first_layers_gradient(bucke
     reductions = [op for op in graph.get_operations() if op.type == "KerasdistAllreduce"]
     assert len(reductions) == _BUCKETS_OF_64_BYTES
     assert first_kernel_gradient[0] in ops_waited_for(reductions[-1])  # the check below can see it
-    assert first_kernel_gradient[0] not in ops_waited_for(reductions[0]), \
+    assert first_kernel_gradient[0] not in ops_waited_for(reductions[0]), (
         "the first bucket's reduction waits for the first layer's gradient: nothing can overlap"
+    )
 
 
 @pytest.mark.parametrize("size", [0, 64, 1])
@@ -450,20 +502,31 @@ def test_fit_gives_the_same_weights_whatever_the_bucket_size(bucket_bytes, size)
 
     model = make_model()
     model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9)), loss="mse")
-    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
-              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    model.fit(
+        this_ranks_rows(x, PER_RANK_BATCH, 1),
+        this_ranks_rows(y, PER_RANK_BATCH, 1),
+        batch_size=PER_RANK_BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=kd.callbacks(),
+    )
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
 
 
 BUCKETED_FEATURES = {
-    "two_passes_per_update": lambda: (kd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2),
-                                      None),
-    "loss_scaling": lambda: (kd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))),
-                             None),
+    "two_passes_per_update": lambda: (
+        kd.DistributedOptimizer(keras.optimizers.SGD(0.05), backward_passes_per_step=2),
+        None,
+    ),
+    "loss_scaling": lambda: (
+        kd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))),
+        None,
+    ),
     # Clipping by the global norm needs every bucket: it must see the whole reduced gradient.
     "global_clipnorm": lambda: (kd.DistributedOptimizer(keras.optimizers.SGD(0.05, global_clipnorm=0.01)), None),
-    "noise_scale": lambda: (lambda noise: (kd.DistributedOptimizer(keras.optimizers.SGD(0.05), gradient_noise_scale=noise),
-                                           noise))(kd.GradientNoiseScale(batch_size=PER_RANK_BATCH)),
+    "noise_scale": lambda: (
+        lambda noise: (kd.DistributedOptimizer(keras.optimizers.SGD(0.05), gradient_noise_scale=noise), noise)
+    )(kd.GradientNoiseScale(batch_size=PER_RANK_BATCH)),
 }
 
 
@@ -477,8 +540,14 @@ def test_features_give_the_same_result_with_one_bucket_per_tensor(bucket_bytes, 
         model = make_model()
         optimizer, noise = BUCKETED_FEATURES[feature]()
         model.compile(optimizer, loss="mse")
-        model.fit(this_ranks_rows(x, PER_RANK_BATCH, 2), this_ranks_rows(y, PER_RANK_BATCH, 2),
-                  batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+        model.fit(
+            this_ranks_rows(x, PER_RANK_BATCH, 2),
+            this_ranks_rows(y, PER_RANK_BATCH, 2),
+            batch_size=PER_RANK_BATCH,
+            shuffle=False,
+            verbose=0,
+            callbacks=kd.callbacks(),
+        )
         statistics = (noise.updates, noise.gradient_sq_norm(), noise.noise_scale()) if noise else ()
         results.append((model.get_weights(), statistics))
     (one_bucket, one_bucket_statistics), (per_tensor, per_tensor_statistics) = results
@@ -499,8 +568,13 @@ def test_gradient_tape_sum_and_structure():
 
 
 def test_get_config_round_trip():
-    optimizer = kd.DistributedOptimizer(LARS(0.5, momentum=0.8), op=kd.Sum, compression=kd.Compression.fp16,
-                                        backward_passes_per_step=3, sparse_as_dense=True)
+    optimizer = kd.DistributedOptimizer(
+        LARS(0.5, momentum=0.8),
+        op=kd.Sum,
+        compression=kd.Compression.fp16,
+        backward_passes_per_step=3,
+        sparse_as_dense=True,
+    )
     config = optimizer.get_config()
     again = kd.DistributedOptimizer.from_config(config)
     assert again.get_config() == config
@@ -512,8 +586,9 @@ def test_get_config_round_trip():
 def test_keras_file_round_trip_keeps_the_optimizer_state(tmp_path):
     x, y = global_data(4, SIZE * PER_RANK_BATCH)
     model = make_model()
-    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), backward_passes_per_step=2),
-                  loss="mse")
+    model.compile(
+        kd.DistributedOptimizer(keras.optimizers.SGD(0.05, momentum=0.9), backward_passes_per_step=2), loss="mse"
+    )
     model.fit(x, y, batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
     path = tmp_path / f"rank{RANK}.keras"
     model.save(path)
@@ -525,12 +600,15 @@ def test_keras_file_round_trip_keeps_the_optimizer_state(tmp_path):
         np.testing.assert_array_equal(saved.numpy(), restored.numpy())
 
 
-@pytest.mark.parametrize("bad, message", [
-    (dict(op=kd.Max), "Average or kerasdist.Sum"),
-    (dict(compression="zip"), "compression="),
-    (dict(backward_passes_per_step=0), "backward_passes_per_step=0"),
-    (dict(clipnorm=1.0), "set them on the inner optimizer"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(op=kd.Max), "Average or kerasdist.Sum"),
+        (dict(compression="zip"), "compression="),
+        (dict(backward_passes_per_step=0), "backward_passes_per_step=0"),
+        (dict(clipnorm=1.0), "set them on the inner optimizer"),
+    ],
+)
 def test_bad_arguments_are_named(bad, message):
     with pytest.raises(ValueError, match=message):
         kd.DistributedOptimizer(keras.optimizers.SGD(0.1), **bad)
@@ -553,10 +631,15 @@ def test_loss_scale_optimizer_inside_sees_the_reduced_gradient():
     reference.compile(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05)), loss="mse")
     reference.fit(x, y, batch_size=SIZE * PER_RANK_BATCH, shuffle=False, verbose=0)
     model = make_model()
-    model.compile(kd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))),
-                  loss="mse")
-    model.fit(this_ranks_rows(x, PER_RANK_BATCH, 1), this_ranks_rows(y, PER_RANK_BATCH, 1),
-              batch_size=PER_RANK_BATCH, shuffle=False, verbose=0, callbacks=kd.callbacks())
+    model.compile(kd.DistributedOptimizer(keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.05))), loss="mse")
+    model.fit(
+        this_ranks_rows(x, PER_RANK_BATCH, 1),
+        this_ranks_rows(y, PER_RANK_BATCH, 1),
+        batch_size=PER_RANK_BATCH,
+        shuffle=False,
+        verbose=0,
+        callbacks=kd.callbacks(),
+    )
     assert max_difference(model.get_weights(), reference.get_weights()) < 1e-5
 
 
@@ -600,6 +683,7 @@ def test_a_saved_model_loads_without_kerasdist(tmp_path):
         f"model = keras.saving.load_model({str(tmp_path / 'model.keras')!r}, compile=False)\n"
         f"got = model.predict(np.load({str(tmp_path / 'x.npy')!r}), verbose=0)\n"
         f"np.testing.assert_allclose(got, np.load({str(tmp_path / 'expected.npy')!r}), rtol=1e-6)\n"
-        "print('LOADED')\n")
+        "print('LOADED')\n"
+    )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "LOADED" in result.stdout, result.stderr[-3000:]

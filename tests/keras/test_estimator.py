@@ -33,10 +33,12 @@ def examples(n, seed):
 
 def classifier():
     """Seeded initializers: every call starts from the same weights, here and in model_fn."""
-    return keras.Sequential([
-        keras.layers.Dense(8, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
-        keras.layers.Dense(NUM_CLASSES, kernel_initializer=keras.initializers.GlorotUniform(seed=2)),
-    ])
+    return keras.Sequential(
+        [
+            keras.layers.Dense(8, activation="relu", kernel_initializer=keras.initializers.GlorotUniform(seed=1)),
+            keras.layers.Dense(NUM_CLASSES, kernel_initializer=keras.initializers.GlorotUniform(seed=2)),
+        ]
+    )
 
 
 def mean_cross_entropy(labels, logits):
@@ -50,25 +52,33 @@ def classifier_fn(features, labels, mode):
         return EstimatorSpec(mode, predictions={"logits": logits, "class": tf.argmax(logits, 1)}, model=model)
     accuracy = keras.metrics.SparseCategoricalAccuracy()
     accuracy.update_state(labels, logits)
-    return EstimatorSpec(mode, loss=mean_cross_entropy(labels, logits),
-                         optimizer=keras.optimizers.SGD(0.1, momentum=0.9), eval_metrics={"accuracy": accuracy},
-                         model=model)
+    return EstimatorSpec(
+        mode,
+        loss=mean_cross_entropy(labels, logits),
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        eval_metrics={"accuracy": accuracy},
+        model=model,
+    )
 
 
 def batches(x, y=None, batch_size=4, repeat=False):
     """An input_fn without input_context: the Estimator shards its batches across ranks."""
+
     def input_fn():
         dataset = tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
         return (dataset.repeat() if repeat else dataset).batch(batch_size)
+
     return input_fn
 
 
 def rows_of_this_rank(x, y, rows_per_rank):
     """An input_fn that gives rank r rows [r*k, (r+1)*k) as its batch, again and again."""
+
     def input_fn(input_context):
         start = input_context.input_pipeline_id * rows_per_rank
         rows = slice(start, start + rows_per_rank)
         return tf.data.Dataset.from_tensors((x[rows], y[rows])).repeat()
+
     return input_fn
 
 
@@ -166,17 +176,22 @@ def test_resumed_training_continues_from_the_saved_step_as_if_uninterrupted(shar
     estimator.Estimator(classifier_fn, model_dir=straight).train(input_fn, steps=5)
 
     assert restarted.latest_checkpoint() == os.path.join(interrupted, "model.ckpt-5")
-    differences = kd.broadcast_object(checkpoint_differences(os.path.join(interrupted, "model.ckpt-5"),
-                                                             os.path.join(straight, "model.ckpt-5"))
-                                      if RANK == 0 else None)
+    differences = kd.broadcast_object(
+        checkpoint_differences(os.path.join(interrupted, "model.ckpt-5"), os.path.join(straight, "model.ckpt-5"))
+        if RANK == 0
+        else None
+    )
     assert differences == []
 
 
 def checkpoint_differences(path, other_path):
     """Names of the variables (model, optimizer, global step) whose values differ."""
     reader, other = tf.train.load_checkpoint(path), tf.train.load_checkpoint(other_path)
-    names = [name for name in reader.get_variable_to_shape_map()
-             if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")]
+    names = [
+        name
+        for name in reader.get_variable_to_shape_map()
+        if name != "_CHECKPOINTABLE_OBJECT_GRAPH" and not name.startswith("save_counter")
+    ]
     assert any(name.startswith("optimizer/") for name in names) and "global_step/.ATTRIBUTES/VARIABLE_VALUE" in names
     return [name for name in names if not np.array_equal(reader.get_tensor(name), other.get_tensor(name))]
 
@@ -215,8 +230,9 @@ def sums_examples_fn(features, labels, mode):
     seen, index_sum = keras.metrics.Sum(), keras.metrics.Sum()
     seen.update_state(tf.ones_like(features[:, 0]))
     index_sum.update_state(features[:, 0])
-    return EstimatorSpec(mode, loss=tf.reduce_mean(outputs) * 0.0, eval_metrics={"seen": seen, "index_sum": index_sum},
-                         model=model)
+    return EstimatorSpec(
+        mode, loss=tf.reduce_mean(outputs) * 0.0, eval_metrics={"seen": seen, "index_sum": index_sum}, model=model
+    )
 
 
 INDICES = np.arange(17, dtype="float32")[:, None]
@@ -242,8 +258,9 @@ def test_input_fn_with_input_context_reads_what_it_chooses(model_dir):
     contexts = []
 
     def input_fn(params, input_context):
-        contexts.append((input_context.num_input_pipelines, input_context.input_pipeline_id,
-                         input_context.num_replicas_in_sync))
+        contexts.append(
+            (input_context.num_input_pipelines, input_context.input_pipeline_id, input_context.num_replicas_in_sync)
+        )
         return tf.data.Dataset.from_tensor_slices((INDICES, np.zeros(17))).batch(3)  # not sharded: all of it
 
     results = estimator.Estimator(sums_examples_fn, model_dir=model_dir).evaluate(input_fn)
@@ -257,7 +274,7 @@ def test_training_stops_on_every_rank_when_the_shortest_input_ends(model_dir, co
 
     def input_fn(input_context):
         rank = input_context.input_pipeline_id
-        dataset = tf.data.Dataset.from_tensor_slices((x[:4 * (2 + rank)], y[:4 * (2 + rank)]))  # 2 + rank batches
+        dataset = tf.data.Dataset.from_tensor_slices((x[: 4 * (2 + rank)], y[: 4 * (2 + rank)]))  # 2 + rank batches
         return (dataset if countable else dataset.filter(lambda *_: True)).batch(4)
 
     trained = estimator.Estimator(classifier_fn, model_dir=model_dir)
@@ -279,11 +296,14 @@ def test_train_and_evaluate_evaluates_at_the_checkpoint_steps_and_at_the_end(mod
         evaluated_at.append(len(steps_seen))
         return batches(x, y)()
 
-    trained = estimator.Estimator(classifier_fn, model_dir=model_dir,
-                                  config=estimator.RunConfig(save_checkpoints_steps=2))
+    trained = estimator.Estimator(
+        classifier_fn, model_dir=model_dir, config=estimator.RunConfig(save_checkpoints_steps=2)
+    )
     results = estimator.train_and_evaluate(
-        trained, estimator.TrainSpec(batches(x, y, repeat=True), max_steps=5, callbacks=[StepRecorder()]),
-        estimator.EvalSpec(eval_input_fn))
+        trained,
+        estimator.TrainSpec(batches(x, y, repeat=True), max_steps=5, callbacks=[StepRecorder()]),
+        estimator.EvalSpec(eval_input_fn),
+    )
     assert results["global_step"] == 5 and set(results) == {"loss", "accuracy", "global_step"}
     assert steps_seen == [(step, True) for step in range(1, 6)]
     assert evaluated_at == [2, 4, 5]
@@ -292,13 +312,18 @@ def test_train_and_evaluate_evaluates_at_the_checkpoint_steps_and_at_the_end(mod
         assert {"model.ckpt-2.index", "model.ckpt-4.index", "model.ckpt-5.index"} <= set(os.listdir(model_dir))
 
 
-@pytest.mark.parametrize("save_checkpoints_steps, every_n_steps, max_steps, expected", [
-    (2, 3, 7, [3, 6, 7]),  # every_n_steps wins over the checkpoint steps
-    (None, 2, 4, [2, 4]),  # the last step was just evaluated: no second evaluation
-    (None, None, 3, [3]),  # neither: only at the end
-], ids=["own_period", "no_checkpoint_steps", "only_at_the_end"])
+@pytest.mark.parametrize(
+    "save_checkpoints_steps, every_n_steps, max_steps, expected",
+    [
+        (2, 3, 7, [3, 6, 7]),  # every_n_steps wins over the checkpoint steps
+        (None, 2, 4, [2, 4]),  # the last step was just evaluated: no second evaluation
+        (None, None, 3, [3]),  # neither: only at the end
+    ],
+    ids=["own_period", "no_checkpoint_steps", "only_at_the_end"],
+)
 def test_eval_spec_every_n_steps_sets_when_train_and_evaluate_evaluates(
-        model_dir, save_checkpoints_steps, every_n_steps, max_steps, expected):
+    model_dir, save_checkpoints_steps, every_n_steps, max_steps, expected
+):
     x, y = examples(32, seed=11)
     steps_done = []
 
@@ -312,11 +337,14 @@ def test_eval_spec_every_n_steps_sets_when_train_and_evaluate_evaluates(
         evaluated_at.append(len(steps_done))
         return batches(x, y)()
 
-    trained = estimator.Estimator(classifier_fn, model_dir=model_dir,
-                                  config=estimator.RunConfig(save_checkpoints_steps=save_checkpoints_steps))
+    trained = estimator.Estimator(
+        classifier_fn, model_dir=model_dir, config=estimator.RunConfig(save_checkpoints_steps=save_checkpoints_steps)
+    )
     results = estimator.train_and_evaluate(
-        trained, estimator.TrainSpec(batches(x, y, repeat=True), max_steps=max_steps, callbacks=[StepCounter()]),
-        estimator.EvalSpec(eval_input_fn, every_n_steps=every_n_steps))
+        trained,
+        estimator.TrainSpec(batches(x, y, repeat=True), max_steps=max_steps, callbacks=[StepCounter()]),
+        estimator.EvalSpec(eval_input_fn, every_n_steps=every_n_steps),
+    )
     assert evaluated_at == expected
     assert results["global_step"] == max_steps
     if RANK == 0:
@@ -331,6 +359,7 @@ def test_an_input_without_end_needs_a_step_limit(model_dir):
 
 def faulty_fn(fault):
     """A model_fn whose spec has one fault."""
+
     def model_fn(features, labels, mode):
         model = keras.Sequential([keras.layers.Dense(NUM_CLASSES)])
         logits = model(features)
@@ -347,32 +376,47 @@ def faulty_fn(fault):
         elif fault.startswith("no "):
             fields.pop(fault[3:])
         else:
-            fields.update({"per-example loss": {"loss": per_example_loss},
-                           "optimizer name": {"optimizer": "sgd"},
-                           "tensor metric": {"eval_metrics": {"accuracy": tf.reduce_mean(logits)}}}[fault])
+            fields.update(
+                {
+                    "per-example loss": {"loss": per_example_loss},
+                    "optimizer name": {"optimizer": "sgd"},
+                    "tensor metric": {"eval_metrics": {"accuracy": tf.reduce_mean(logits)}},
+                }[fault]
+            )
         return EstimatorSpec(mode, **fields)
+
     return model_fn
 
 
-@pytest.mark.parametrize("mode, fault, error, message", [
-    (ModeKeys.TRAIN, "no loss", ValueError, "loss is missing in train mode"),
-    (ModeKeys.EVAL, "no loss", ValueError, "loss is missing in eval mode"),
-    (ModeKeys.TRAIN, "no optimizer", ValueError, "optimizer is missing in train mode"),
-    (ModeKeys.PREDICT, "no predictions", ValueError, "predictions is missing in infer"),
-    (ModeKeys.EVAL, "no model", ValueError, "model is missing"),
-    (ModeKeys.TRAIN, "per-example loss", ValueError, r"loss must be a scalar; got shape \(4,\)"),
-    (ModeKeys.TRAIN, "optimizer name", TypeError, "optimizer must be a keras.optimizers.Optimizer"),
-    (ModeKeys.EVAL, "tensor metric", TypeError, r"eval_metrics\['accuracy'\] must be a keras.metrics.Metric"),
-    (ModeKeys.TRAIN, "wrong mode", ValueError, "called in mode 'train' but returned an EstimatorSpec for mode 'eval'"),
-    (ModeKeys.TRAIN, "stray layer", ValueError, "trainable variables that are not in EstimatorSpec.model"),
-    (ModeKeys.PREDICT, "returns a dict", TypeError, "must return a kerasdist.estimator.EstimatorSpec"),
-])
+@pytest.mark.parametrize(
+    "mode, fault, error, message",
+    [
+        (ModeKeys.TRAIN, "no loss", ValueError, "loss is missing in train mode"),
+        (ModeKeys.EVAL, "no loss", ValueError, "loss is missing in eval mode"),
+        (ModeKeys.TRAIN, "no optimizer", ValueError, "optimizer is missing in train mode"),
+        (ModeKeys.PREDICT, "no predictions", ValueError, "predictions is missing in infer"),
+        (ModeKeys.EVAL, "no model", ValueError, "model is missing"),
+        (ModeKeys.TRAIN, "per-example loss", ValueError, r"loss must be a scalar; got shape \(4,\)"),
+        (ModeKeys.TRAIN, "optimizer name", TypeError, "optimizer must be a keras.optimizers.Optimizer"),
+        (ModeKeys.EVAL, "tensor metric", TypeError, r"eval_metrics\['accuracy'\] must be a keras.metrics.Metric"),
+        (
+            ModeKeys.TRAIN,
+            "wrong mode",
+            ValueError,
+            "called in mode 'train' but returned an EstimatorSpec for mode 'eval'",
+        ),
+        (ModeKeys.TRAIN, "stray layer", ValueError, "trainable variables that are not in EstimatorSpec.model"),
+        (ModeKeys.PREDICT, "returns a dict", TypeError, "must return a kerasdist.estimator.EstimatorSpec"),
+    ],
+)
 def test_a_bad_spec_raises_a_clear_error_on_every_rank(model_dir, mode, fault, error, message):
     x, y = examples(8, seed=11)
     faulty = estimator.Estimator(faulty_fn(fault), model_dir=model_dir)
-    run = {ModeKeys.TRAIN: lambda: faulty.train(batches(x, y, repeat=True), steps=1),
-           ModeKeys.EVAL: lambda: faulty.evaluate(batches(x, y)),
-           ModeKeys.PREDICT: lambda: faulty.predict(batches(x))}[mode]
+    run = {
+        ModeKeys.TRAIN: lambda: faulty.train(batches(x, y, repeat=True), steps=1),
+        ModeKeys.EVAL: lambda: faulty.evaluate(batches(x, y)),
+        ModeKeys.PREDICT: lambda: faulty.predict(batches(x)),
+    }[mode]
     with pytest.raises(error, match=message):
         run()
     kd.barrier()  # every rank raised before any collective and is still in step
@@ -380,6 +424,7 @@ def test_a_bad_spec_raises_a_clear_error_on_every_rank(model_dir, mode, fault, e
 
 def changes_when_traced_fn(change):
     """A model_fn that builds something else when traced than on its eager run."""
+
     def model_fn(features, labels, mode):
         eager = tf.executing_eagerly()
         layers = [keras.layers.Dense(NUM_CLASSES if eager or change != "wider layer" else NUM_CLASSES + 1)]
@@ -390,14 +435,18 @@ def changes_when_traced_fn(change):
         optimizer = keras.optimizers.SGD(0.1)
         metrics = {"mean": keras.metrics.Mean()} if change == "extra metric last" and not eager else {}
         return EstimatorSpec(mode, loss=loss, optimizer=optimizer, eval_metrics=metrics, model=model)
+
     return model_fn
 
 
-@pytest.mark.parametrize("change, message", [
-    ("wider layer", r"has shape \(4, 4\) but received a variable of shape \(4, 3\)"),
-    ("extra layer", "created its variables in a different order when traced: variable #2"),
-    ("extra metric last", "created more variables when traced than on its eager run"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("wider layer", r"has shape \(4, 4\) but received a variable of shape \(4, 3\)"),
+        ("extra layer", "created its variables in a different order when traced: variable #2"),
+        ("extra metric last", "created more variables when traced than on its eager run"),
+    ],
+)
 def test_a_model_fn_that_builds_differently_when_traced_is_refused(model_dir, change, message):
     x, y = examples(8, seed=12)
     with pytest.raises(ValueError, match=message):

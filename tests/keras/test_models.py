@@ -2,7 +2,6 @@
 shape, has the parameter count computed here by hand (or quoted from its paper), and starts
 from the same weights under the same seed. No collectives: every rank runs these alone."""
 
-
 import keras
 import numpy as np
 import pytest
@@ -42,8 +41,9 @@ def test_mlp_adds_a_dropout_after_each_hidden_layer_and_can_return_logits():
 def test_small_cnn_has_the_expected_parameters_and_output_shape(side):
     model = models.small_cnn(input_shape=(side, side, 1), num_classes=10)
     pooled_side = side // 4  # two 2x2 poolings after "same" convolutions
-    assert model.count_params() == (conv3x3_parameters(1, 32) + conv3x3_parameters(32, 64)
-                                    + dense_parameters(pooled_side * pooled_side * 64, 10))
+    assert model.count_params() == (
+        conv3x3_parameters(1, 32) + conv3x3_parameters(32, 64) + dense_parameters(pooled_side * pooled_side * 64, 10)
+    )
     assert model(np.zeros((3, side, side, 1))).shape == (3, 10)
 
 
@@ -54,8 +54,7 @@ def test_small_cnn_learns_the_8x8_digits():
     digits = load_digits()
     images, labels = digits.images[..., None] / 16.0, digits.target
     model = models.small_cnn(input_shape=(8, 8, 1), num_classes=10)
-    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     model.fit(images[:1400], labels[:1400], batch_size=32, epochs=3, verbose=0)
     _, accuracy = model.evaluate(images[1400:], labels[1400:], verbose=0)
     assert accuracy > 0.85
@@ -124,11 +123,15 @@ def test_resnet50_is_the_keras_application_with_its_parameter_count():
     assert model(np.zeros((1, 64, 64, 3))).shape == (1, 1000)
 
 
-@pytest.mark.parametrize("build", [
-    lambda: models.mlp((6,), 3, hidden=(8,)),
-    lambda: models.small_cnn(input_shape=(8, 8, 1)),
-    lambda: models.cifar_resnet(depth=8, input_shape=(8, 8, 3)),
-], ids=["mlp", "small_cnn", "cifar_resnet"])
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: models.mlp((6,), 3, hidden=(8,)),
+        lambda: models.small_cnn(input_shape=(8, 8, 1)),
+        lambda: models.cifar_resnet(depth=8, input_shape=(8, 8, 3)),
+    ],
+    ids=["mlp", "small_cnn", "cifar_resnet"],
+)
 def test_weights_are_reproducible_under_a_seed(build):
     def weights_with_seed(seed):
         keras.utils.set_random_seed(seed)

@@ -13,11 +13,10 @@ import socket
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
+import tfds_digits  # tests/ is on sys.path: pytest puts the directory of tests/conftest.py there
 
 import kerasdist as kd
 from kerasdist import data
-
-import tfds_digits  # tests/ is on sys.path: pytest puts the directory of tests/conftest.py there
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()
@@ -36,6 +35,7 @@ def network_attempts():
         def refused(*args, **kwargs):
             attempts.append(f"{what}{args[1:] if what.startswith('socket.') else args}")
             raise OSError(f"test: network access attempted: {attempts[-1]}")
+
         return refused
 
     with pytest.MonkeyPatch.context() as patch:
@@ -61,8 +61,13 @@ def data_dir(network_attempts, tmp_path_factory):
 
 def ids_read_by_tfds(data_dir, split):
     """The example ids of `split` in TFDS's own order, read without kerasdist."""
-    dataset = tfds.load(tfds_digits.NAME, split=split, data_dir=str(data_dir), download=False,
-                        read_config=tfds.ReadConfig(interleave_cycle_length=1))
+    dataset = tfds.load(
+        tfds_digits.NAME,
+        split=split,
+        data_dir=str(data_dir),
+        download=False,
+        read_config=tfds.ReadConfig(interleave_cycle_length=1),
+    )
     return [int(example["id"]) for example in dataset]
 
 
@@ -92,8 +97,9 @@ def _sklearn_rows():
     from sklearn.model_selection import train_test_split
 
     target = load_digits().target
-    return train_test_split(np.arange(len(target)), test_size=tfds_digits.TEST_FRACTION, random_state=0,
-                            stratify=target)
+    return train_test_split(
+        np.arange(len(target)), test_size=tfds_digits.TEST_FRACTION, random_state=0, stratify=target
+    )
 
 
 def test_files_that_divide_among_the_ranks_are_dealt_out_whole(data_dir):
@@ -111,7 +117,7 @@ def test_files_that_do_not_divide_are_split_by_example_into_near_equal_parts(dat
     assert max(counts) - min(counts) <= 1
     in_order = ids_read_by_tfds(data_dir, split)
     start = sum(counts[:RANK])
-    assert sorted(mine) == sorted(in_order[start:start + len(mine)])  # a contiguous 1/SIZE
+    assert sorted(mine) == sorted(in_order[start : start + len(mine)])  # a contiguous 1/SIZE
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -156,8 +162,12 @@ def test_each_rank_shuffles_its_files_with_its_own_seed(data_dir):
     file_of_id = {}
     for file, (start, stop) in enumerate(zip(bounds, bounds[1:])):
         file_of_id.update((example, file) for example in ids_read_by_tfds(data_dir, f"train[{start}:{stop}]"))
-    files_in_visiting_order = list(dict.fromkeys(file_of_id[example] for example in ids_of(
-        data.tfds_load(tfds_digits.NAME, "train", data_dir, shuffle_files=True, seed=5))))
+    files_in_visiting_order = list(
+        dict.fromkeys(
+            file_of_id[example]
+            for example in ids_of(data.tfds_load(tfds_digits.NAME, "train", data_dir, shuffle_files=True, seed=5))
+        )
+    )
     my_files = list(range(RANK, NUM_FILES, SIZE))
     positions = [my_files.index(file) for file in files_in_visiting_order]
     everyone = kd.allgather_object(positions)
@@ -165,12 +175,15 @@ def test_each_rank_shuffles_its_files_with_its_own_seed(data_dir):
     assert len(set(map(tuple, everyone))) > 1, f"every rank visited its files in the order {positions}"
 
 
-@pytest.mark.parametrize("name, split, where, message", [
-    ("no_such_data_set", "train", "prepared", r"Dataset no_such_data_set not found"),
-    ("mnist", "train", "prepared", r"'mnist' is not prepared in data_dir"),
-    (tfds_digits.NAME, "validation", "prepared", r"Unknown split 'validation'"),
-    (tfds_digits.NAME, "train", "missing", r"is not a directory"),
-])
+@pytest.mark.parametrize(
+    "name, split, where, message",
+    [
+        ("no_such_data_set", "train", "prepared", r"Dataset no_such_data_set not found"),
+        ("mnist", "train", "prepared", r"'mnist' is not prepared in data_dir"),
+        (tfds_digits.NAME, "validation", "prepared", r"Unknown split 'validation'"),
+        (tfds_digits.NAME, "train", "missing", r"is not a directory"),
+    ],
+)
 def test_bad_input_raises_on_every_rank(data_dir, tmp_path, name, split, where, message):
     # The same path on every rank, so that the ranks' messages agree.
     directory = data_dir if where == "prepared" else kd.broadcast_object(str(tmp_path / "missing"))

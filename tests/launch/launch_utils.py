@@ -30,9 +30,12 @@ def under_a_launcher():
 
 
 SKIP_UNDER_A_LAUNCHER = pytest.mark.skipif(
-    under_a_launcher(), reason="launch tests start their own mpiexec; run them from plain pytest")
-LAUNCH_TEST_MARKS = [SKIP_UNDER_A_LAUNCHER,
-                     pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to the Python: {MPIEXEC}")]
+    under_a_launcher(), reason="launch tests start their own mpiexec; run them from plain pytest"
+)
+LAUNCH_TEST_MARKS = [
+    SKIP_UNDER_A_LAUNCHER,
+    pytest.mark.skipif(not MPIEXEC.exists(), reason=f"no mpiexec next to the Python: {MPIEXEC}"),
+]
 
 # Variables a launcher sets for its children: a child must not think it is a
 # rank of the job this pytest itself may be part of.
@@ -46,8 +49,7 @@ def child_env(**extra):
     env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_PREFIXES)}
     env.pop("PYTHONUNBUFFERED", None)
     env.update(OMP_NUM_THREADS="1", TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -67,13 +69,14 @@ class JobResult:
         return float(found[-1]) if found else None
 
     def lines_with(self, prefix):
-        return [line[len(prefix):] for line in self.output.splitlines()
-                if line.startswith(prefix)]
+        return [line[len(prefix) :] for line in self.output.splitlines() if line.startswith(prefix)]
 
     def describe(self, tail_chars=6000):
-        return (f"\n$ {' '.join(self.argv)}\nreturncode={self.returncode} "
-                f"timed_out={self.timed_out} took={self.ended - self.started:.1f}s\n"
-                f"--- output (last {tail_chars} chars) ---\n{self.output[-tail_chars:]}")
+        return (
+            f"\n$ {' '.join(self.argv)}\nreturncode={self.returncode} "
+            f"timed_out={self.timed_out} took={self.ended - self.started:.1f}s\n"
+            f"--- output (last {tail_chars} chars) ---\n{self.output[-tail_chars:]}"
+        )
 
 
 def _kill_announced_leftovers(output, script_name):
@@ -95,10 +98,15 @@ def run_job(argv, cwd, env=None, timeout=DEFAULT_JOB_TIMEOUT_S, script_name=""):
     timed_out = False
     with open(log_path, "w") as log:
         started = time.time()
-        proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=cwd,
-                                env=env if env is not None else child_env(),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            [str(a) for a in argv],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=env if env is not None else child_env(),
+            start_new_session=True,
+        )
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

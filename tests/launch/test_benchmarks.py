@@ -9,8 +9,7 @@ from launch_utils import LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_j
 
 pytestmark = LAUNCH_TEST_MARKS
 SCRIPT = REPO_ROOT / "benchmarks" / "allreduce.py"
-QUICK = ["--repeats=1", "--target_ms=5", "--min_iters=2", "--max_iters=8",
-         "--many_tensors=6", "--many_tensor_kib=4"]
+QUICK = ["--repeats=1", "--target_ms=5", "--min_iters=2", "--max_iters=8", "--many_tensors=6", "--many_tensor_kib=4"]
 
 
 def bench(tmp_path, *flags):
@@ -48,8 +47,7 @@ def keras_bench(tmp_path, *flags):
 
 def test_keras_scaling_benchmark_reports_every_configuration(tmp_path):
     results = keras_bench(tmp_path)
-    assert {run["configuration"] for run in results["runs"]} == {
-        "plain", "kerasdist-1", "kerasdist-N", "independent-N"}
+    assert {run["configuration"] for run in results["runs"]} == {"plain", "kerasdist-1", "kerasdist-N", "independent-N"}
     assert all(run["images_per_second"] > 0 for run in results["runs"])
     assert set(results["summary"]["ratios"]["median"]) >= {"size1_overhead", "efficiency_vs_kerasdist_1"}
 
@@ -62,4 +60,7 @@ def test_keras_thread_pool_comparison_starts_ranks_without_thread_settings(tmp_p
         assert all(threads is None for threads in run["results"][0]["threads"].values()), run
     for estimate in ("median", "per round"):
         assert set(results["summary"]["ratios"][estimate]) == {
-            "kerasdist-N / kerasdist-N off", "kerasdist-N off / plain", "kerasdist-N / plain"}
+            "kerasdist-N / kerasdist-N off",
+            "kerasdist-N off / plain",
+            "kerasdist-N / plain",
+        }

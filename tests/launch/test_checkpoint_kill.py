@@ -19,7 +19,6 @@ import random
 import signal
 
 import pytest
-
 from launch_utils import SKIP_UNDER_A_LAUNCHER, python_run
 
 JOB_TIMEOUT_S = 120  # a hang bound
@@ -31,13 +30,19 @@ pytestmark = SKIP_UNDER_A_LAUNCHER
 
 def kill_points(calls_in_a_save, inside_model_save):
     """Every window of a save with this many durability calls, in the order the test runs them."""
-    return (["model.save:end", f"model.save:{inside_model_save}"]
-            + [f"call:{i}:before" for i in range(calls_in_a_save)] + [f"call:{calls_in_a_save - 1}:after"])
+    return (
+        ["model.save:end", f"model.save:{inside_model_save}"]
+        + [f"call:{i}:before" for i in range(calls_in_a_save)]
+        + [f"call:{calls_in_a_save - 1}:after"]
+    )
 
 
 @pytest.mark.timeout(30 * JOB_TIMEOUT_S, method="thread")
-@pytest.mark.parametrize("filename, keep_last", [("epoch{epoch:04d}.keras", 2), ("model.keras", 0)],
-                         ids=["numbered_and_pruned", "one_file_overwritten"])
+@pytest.mark.parametrize(
+    "filename, keep_last",
+    [("epoch{epoch:04d}.keras", 2), ("model.keras", 0)],
+    ids=["numbered_and_pruned", "one_file_overwritten"],
+)
 def test_a_kill_anywhere_in_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, filename, keep_last):
     seed = int(os.environ.get("KERASDIST_CHECKPOINT_KILL_SEED") or random.randrange(1, 2**31))
     inside_model_save = round(random.Random(seed).random(), 3)
@@ -49,8 +54,9 @@ def test_a_kill_anywhere_in_a_save_leaves_the_previous_checkpoint_loadable(tmp_p
     while True:
         todo = [point for point in kill_points(calls_in_a_save, inside_model_save) if point not in done]
         point = todo[0] if todo else "none"
-        job = python_run("checkpoint_kill.py", directory, filename, keep_last, seed, point,
-                         cwd=tmp_path, timeout=JOB_TIMEOUT_S)
+        job = python_run(
+            "checkpoint_kill.py", directory, filename, keep_last, seed, point, cwd=tmp_path, timeout=JOB_TIMEOUT_S
+        )
         context = f"seed {seed}, run {run}, kill point {point}" + job.describe()
         assert not job.timed_out, context
 

@@ -18,8 +18,7 @@ TENSORFLOW_IMPORT_NOTICE = "port.cc:153] oneDNN custom operations are on"
 
 
 def launch(*flags, tmp_path, **env):
-    argv = [sys.executable, "-m", "kerasdist.run", "-np", "2", sys.executable, REPO_ROOT / "examples" / EXAMPLE,
-            *flags]
+    argv = [sys.executable, "-m", "kerasdist.run", "-np", "2", sys.executable, REPO_ROOT / "examples" / EXAMPLE, *flags]
     return run_job(argv, tmp_path, child_env(**env), timeout=EXAMPLE_TIMEOUT_S, script_name=EXAMPLE)
 
 
@@ -27,8 +26,11 @@ def test_estimator_digits_reaches_90_percent_then_resumes(tmp_path):
     model_dir, exported = tmp_path / "model", tmp_path / "digits.keras"
     job = launch(f"--model_dir={model_dir}", f"--export_path={exported}", tmp_path=tmp_path)
     assert job.returncode == 0 and not job.timed_out, job.describe()
-    results = re.findall(r"^2 process\(es\): accuracy ([0-9.]+), loss [0-9.]+ at global step (\d+) on 450 held-out",
-                         job.output, re.MULTILINE)
+    results = re.findall(
+        r"^2 process\(es\): accuracy ([0-9.]+), loss [0-9.]+ at global step (\d+) on 450 held-out",
+        job.output,
+        re.MULTILINE,
+    )
     assert len(results) == 1, "expected one result line, from rank 0 only" + job.describe()
     accuracy, global_step = results[0]
     assert float(accuracy) >= 0.9 and global_step == "600", job.describe()
@@ -36,10 +38,12 @@ def test_estimator_digits_reaches_90_percent_then_resumes(tmp_path):
 
     again = launch(f"--model_dir={model_dir}", "--max_steps=700", tmp_path=tmp_path)
     assert again.returncode == 0 and not again.timed_out, again.describe()
-    assert re.search(r"Restored from \S+model\.ckpt-600 \(global step 600\) for training", again.output), \
+    assert re.search(r"Restored from \S+model\.ckpt-600 \(global step 600\) for training", again.output), (
         again.describe()
-    assert re.search(r"^2 process\(es\): accuracy [0-9.]+, loss [0-9.]+ at global step 700 ", again.output,
-                     re.MULTILINE), again.describe()
+    )
+    assert re.search(
+        r"^2 process\(es\): accuracy [0-9.]+, loss [0-9.]+ at global step 700 ", again.output, re.MULTILINE
+    ), again.describe()
 
 
 def test_estimator_digits_first_run_prints_only_rank_0s_lines_and_leaves_no_files(tmp_path):
@@ -53,8 +57,9 @@ def test_estimator_digits_first_run_prints_only_rank_0s_lines_and_leaves_no_file
     absl_records = [line for line in lines if ABSL_RECORD.match(line) and TENSORFLOW_IMPORT_NOTICE not in line]
     assert not absl_records, "absl log records in the output:\n" + "\n".join(absl_records) + job.describe()
     assert not [line for line in lines if line.startswith("INFO:") or "Warning:" in line], job.describe()
-    assert len([line for line in lines if line.startswith("2 process(es): accuracy")]) == 1, \
+    assert len([line for line in lines if line.startswith("2 process(es): accuracy")]) == 1, (
         "expected one result line, from rank 0 only" + job.describe()
+    )
     assert len([line for line in lines if line.startswith("first 10 test digits:")]) == 1, job.describe()
 
     # Without --model_dir the Estimator trained in a temporary directory under TMPDIR ...

@@ -7,7 +7,6 @@ import re
 import sys
 
 import pytest
-
 from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT, child_env, run_job
 
 pytestmark = LAUNCH_TEST_MARKS
@@ -17,8 +16,16 @@ EXAMPLE_TIMEOUT_S = 240
 
 
 def launch(example, *flags, n=2, tmp_path, env=None):
-    argv = [sys.executable, "-m", "kerasdist.run", "-np", str(n), sys.executable,
-            REPO_ROOT / "examples" / example, *flags]
+    argv = [
+        sys.executable,
+        "-m",
+        "kerasdist.run",
+        "-np",
+        str(n),
+        sys.executable,
+        REPO_ROOT / "examples" / example,
+        *flags,
+    ]
     return run_job(argv, tmp_path, env or child_env(), timeout=EXAMPLE_TIMEOUT_S, script_name=example)
 
 
@@ -56,14 +63,26 @@ def test_keras_digits_trains_on_a_tfds_set_prepared_offline(tmp_path):
     # As the example's docstring tells a user: prepare the digits as a TFDS set, then train on it
     # by name; the example never imports the builder.
     data_dir = tmp_path / "tensorflow_datasets"
-    prepared = run_job([sys.executable, REPO_ROOT / "tests" / "tfds_digits.py", f"--data_dir={data_dir}"],
-                       tmp_path, offline_env(), timeout=EXAMPLE_TIMEOUT_S, script_name="tfds_digits.py")
+    prepared = run_job(
+        [sys.executable, REPO_ROOT / "tests" / "tfds_digits.py", f"--data_dir={data_dir}"],
+        tmp_path,
+        offline_env(),
+        timeout=EXAMPLE_TIMEOUT_S,
+        script_name="tfds_digits.py",
+    )
     assert prepared.returncode == 0 and "train 1347 examples in 6 files" in prepared.output, prepared.describe()
-    job = launch("keras_digits.py", "--tfds_name=kerasdist_digits", f"--data_dir={data_dir}", "--epochs=10",
-                 tmp_path=tmp_path, env=offline_env())
+    job = launch(
+        "keras_digits.py",
+        "--tfds_name=kerasdist_digits",
+        f"--data_dir={data_dir}",
+        "--epochs=10",
+        tmp_path=tmp_path,
+        env=offline_env(),
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
-    results = re.findall(r"^2 process\(es\): test accuracy ([0-9.]+), .* on 450 held-out images$", job.output,
-                         re.MULTILINE)
+    results = re.findall(
+        r"^2 process\(es\): test accuracy ([0-9.]+), .* on 450 held-out images$", job.output, re.MULTILINE
+    )
     assert len(results) == 1 and float(results[0]) >= 0.93, job.describe()
     for output in (prepared.output, job.output):
         assert ATTEMPT_MARKER not in output, "something tried to reach the network" + job.describe()
@@ -78,8 +97,15 @@ def test_custom_loop_trains(tmp_path):
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_synthetic_benchmark_reports_its_throughput(tmp_path, ranks):
-    job = launch("keras_synthetic_benchmark.py", "--num_warmup_batches=2", "--num_batches_per_iter=2",
-                 "--num_iters=2", "--batch_size=8", n=ranks, tmp_path=tmp_path)
+    job = launch(
+        "keras_synthetic_benchmark.py",
+        "--num_warmup_batches=2",
+        "--num_batches_per_iter=2",
+        "--num_iters=2",
+        "--batch_size=8",
+        n=ranks,
+        tmp_path=tmp_path,
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     results = [json.loads(line) for line in job.lines_with("RESULT ")]
     assert len(results) == 1, "one RESULT line, from rank 0" + job.describe()

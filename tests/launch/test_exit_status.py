@@ -4,7 +4,6 @@ job, and a stall timeout fails the job even where the program caught the error."
 import re
 
 import pytest
-
 from launch_utils import LAUNCH_TEST_MARKS, child_env, mpirun
 
 pytestmark = LAUNCH_TEST_MARKS
@@ -25,23 +24,30 @@ def test_sys_exit_on_one_rank_mid_job_ends_the_job_with_that_status(tmp_path, st
 
 
 def test_a_stall_timeout_caught_by_every_rank_still_ends_the_job_non_zero(tmp_path):
-    job = mpirun("caught_stall.py", cwd=tmp_path,
-                 env=child_env(KERASDIST_MISMATCH_TIMEOUT_S=0, KERASDIST_STALL_WARNING_S=1,
-                               KERASDIST_STALL_TIMEOUT_S=3))
+    job = mpirun(
+        "caught_stall.py",
+        cwd=tmp_path,
+        env=child_env(KERASDIST_MISMATCH_TIMEOUT_S=0, KERASDIST_STALL_WARNING_S=1, KERASDIST_STALL_TIMEOUT_S=3),
+    )
     assert not job.timed_out, "job hung" + job.describe()
-    assert sorted(job.lines_with("RESULT ")) == ["rank=0 DeadlineExceededError",
-                                                 "rank=1 DeadlineExceededError"], job.describe()
+    assert sorted(job.lines_with("RESULT ")) == ["rank=0 DeadlineExceededError", "rank=1 DeadlineExceededError"], (
+        job.describe()
+    )
     assert len(job.lines_with("RANK_DONE")) == 2, job.describe()
     assert job.returncode != 0, "a job whose collectives timed out exited 0" + job.describe()
     assert "a collective timed out on rank" in job.output, job.describe()
 
 
 def test_stall_warnings_name_object_collectives_and_barriers_as_calls_ranks_wait_in(tmp_path):
-    job = mpirun("caught_stall.py", cwd=tmp_path,
-                 env=child_env(KERASDIST_MISMATCH_TIMEOUT_S=0, KERASDIST_STALL_WARNING_S=1,
-                               KERASDIST_STALL_TIMEOUT_S=3))
+    job = mpirun(
+        "caught_stall.py",
+        cwd=tmp_path,
+        env=child_env(KERASDIST_MISMATCH_TIMEOUT_S=0, KERASDIST_STALL_WARNING_S=1, KERASDIST_STALL_TIMEOUT_S=3),
+    )
     assert not job.timed_out, "job hung" + job.describe()
-    warning = re.compile(r"stall: 'broadcast_object@caught_stall\.py:\d+#0' was submitted by rank\(s\) 0 "
-                         r"but not by rank\(s\) 1 .*rank 1 waits in 'barrier@caught_stall\.py:\d+#\d+'")
+    warning = re.compile(
+        r"stall: 'broadcast_object@caught_stall\.py:\d+#0' was submitted by rank\(s\) 0 "
+        r"but not by rank\(s\) 1 .*rank 1 waits in 'barrier@caught_stall\.py:\d+#\d+'"
+    )
     assert warning.search(job.output), job.describe()
     assert "not in any collective" not in job.output, job.describe()

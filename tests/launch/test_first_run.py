@@ -11,16 +11,18 @@ import time
 import venv
 
 import pytest
-
 from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT, child_env, run_job
+
 from kerasdist.run import launcher, output
 
 pytestmark = LAUNCH_TEST_MARKS
 LAUNCHER = [sys.executable, "-m", "kerasdist.run"]
 DEMO_TIMEOUT_S = 240
 QUICK_TIMEOUT_S = 60
-ONEDNN_NOTICE = ("I0000 00:00:1796111508.473692    {thread} port.cc:153] oneDNN custom operations are on. "
-                 "You may see slightly different numerical results.\n")
+ONEDNN_NOTICE = (
+    "I0000 00:00:1796111508.473692    {thread} port.cc:153] oneDNN custom operations are on. "
+    "You may see slightly different numerical results.\n"
+)
 ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
 
 
@@ -54,14 +56,25 @@ def _copied(text, tmp_path):
 
 # ---- the job's stderr --------------------------------------------------------------------
 
+
 def test_startup_notices_of_every_rank_are_shown_once_and_everything_else_in_order(tmp_path):
     error = "E0000 00:00:1796111508.5 5579 port.cc:153] something went wrong on this rank\n"
-    ranks_output = (ABSL_NOTICE + ONEDNN_NOTICE.format(thread=11) + "rank 0 says hello\n"
-                    + ABSL_NOTICE + ONEDNN_NOTICE.format(thread=22) + error + "rank 1 says hello\n"
-                    + ONEDNN_NOTICE.format(thread=11) + error + "a last line without its newline")
+    ranks_output = (
+        ABSL_NOTICE
+        + ONEDNN_NOTICE.format(thread=11)
+        + "rank 0 says hello\n"
+        + ABSL_NOTICE
+        + ONEDNN_NOTICE.format(thread=22)
+        + error
+        + "rank 1 says hello\n"
+        + ONEDNN_NOTICE.format(thread=11)
+        + error
+        + "a last line without its newline"
+    )
     shown_once = ABSL_NOTICE + ONEDNN_NOTICE.format(thread=11)
-    assert _copied(ranks_output, tmp_path) == (shown_once + "rank 0 says hello\n" + error + "rank 1 says hello\n"
-                                               + error + "a last line without its newline")
+    assert _copied(ranks_output, tmp_path) == (
+        shown_once + "rank 0 says hello\n" + error + "rank 1 says hello\n" + error + "a last line without its newline"
+    )
 
 
 def test_a_partial_line_goes_out_without_waiting_for_its_end(tmp_path):
@@ -98,14 +111,21 @@ def test_demo_prints_no_warning_and_each_tensorflow_notice_once(tmp_path):
 # ---- the Python the ranks run ------------------------------------------------------------
 
 # Leaves a file behind as its very first act, so a rank that started at all shows.
-_MARK_START = ("import os, sys; open('rank-started-%s' % os.environ['PMI_RANK'], 'w').close(); "
-               "print('RANK_PYTHON', sys.executable, flush=True)")
+_MARK_START = (
+    "import os, sys; open('rank-started-%s' % os.environ['PMI_RANK'], 'w').close(); "
+    "print('RANK_PYTHON', sys.executable, flush=True)"
+)
 
 
-def test_a_python_on_path_that_cannot_run_kerasdist_is_refused_before_any_rank_starts(tmp_path,
-                                                                                      python_without_kerasdist):
-    job = run_job([*LAUNCHER, "-np", "2", "python", "-c", _MARK_START], tmp_path,
-                  _user_env(path_first=python_without_kerasdist), timeout=QUICK_TIMEOUT_S)
+def test_a_python_on_path_that_cannot_run_kerasdist_is_refused_before_any_rank_starts(
+    tmp_path, python_without_kerasdist
+):
+    job = run_job(
+        [*LAUNCHER, "-np", "2", "python", "-c", _MARK_START],
+        tmp_path,
+        _user_env(path_first=python_without_kerasdist),
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert job.returncode == 2 and not job.timed_out, job.describe()
     assert not list(tmp_path.glob("rank-started-*")), "a rank started" + job.describe()
     assert f"{python_without_kerasdist / 'python'} (the first on PATH)" in job.output, job.describe()
@@ -121,12 +141,17 @@ def test_the_check_names_kerasdist_when_that_is_what_is_missing(tmp_path, python
     assert problem.endswith("cannot run kerasdist: ModuleNotFoundError: No module named 'kerasdist'"), problem
 
 
-@pytest.mark.parametrize("command", [[sys.executable, "-c", _MARK_START], ["script.py"]],
-                         ids=["launcher-python", "script-alone"])
+@pytest.mark.parametrize(
+    "command", [[sys.executable, "-c", _MARK_START], ["script.py"]], ids=["launcher-python", "script-alone"]
+)
 def test_the_working_commands_run_with_that_python_still_first_on_path(tmp_path, python_without_kerasdist, command):
     (tmp_path / "script.py").write_text(_MARK_START + "\n")
-    job = run_job([*LAUNCHER, "-np", "2", *command], tmp_path, _user_env(path_first=python_without_kerasdist),
-                  timeout=QUICK_TIMEOUT_S)
+    job = run_job(
+        [*LAUNCHER, "-np", "2", *command],
+        tmp_path,
+        _user_env(path_first=python_without_kerasdist),
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     assert job.lines_with("RANK_PYTHON ") == [sys.executable] * 2, job.describe()
 
@@ -135,8 +160,11 @@ def test_a_job_on_named_hosts_is_not_checked_here(tmp_path, python_without_keras
     mpiexec = tmp_path / "fake-mpiexec"
     mpiexec.write_text("#!/bin/sh\nexit 99\n")
     mpiexec.chmod(0o755)
-    environ = {"PATH": f"{python_without_kerasdist}{os.pathsep}{os.environ['PATH']}",
-               "KERASDIST_MPIEXEC": str(mpiexec), "KERASDIST_MPI_FLAVOUR": "mpich"}
+    environ = {
+        "PATH": f"{python_without_kerasdist}{os.pathsep}{os.environ['PATH']}",
+        "KERASDIST_MPIEXEC": str(mpiexec),
+        "KERASDIST_MPI_FLAVOUR": "mpich",
+    }
     local = launcher.main(["-np", "2", "python", "train.py"], environ=environ)
     on_hosts = launcher.main(["-np", "2", "-H", "node1:1,node2:1", "python", "train.py"], environ=environ)
     assert (local, on_hosts) == (2, 99), capsys.readouterr().err
@@ -144,7 +172,13 @@ def test_a_job_on_named_hosts_is_not_checked_here(tmp_path, python_without_keras
 
 def test_a_script_alone_runs_under_the_launcher_s_python(tmp_path):
     (tmp_path / "train.py").write_text("")
-    finished = subprocess.run([*LAUNCHER, "-np", "2", "--dry-run", "train.py", "--epochs=1"], capture_output=True,
-                              text=True, env=child_env(), cwd=tmp_path, timeout=QUICK_TIMEOUT_S)
+    finished = subprocess.run(
+        [*LAUNCHER, "-np", "2", "--dry-run", "train.py", "--epochs=1"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.split()[-3:] == [sys.executable, "train.py", "--epochs=1"]

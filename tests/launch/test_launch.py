@@ -7,7 +7,6 @@ import re
 
 import numpy as np
 import pytest
-
 from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, child_env, mpirun, python_run
 
 pytestmark = LAUNCH_TEST_MARKS
@@ -35,8 +34,9 @@ def test_a_rank_killed_by_sigkill_ends_the_job(tmp_path):
 
 
 def _stall_job(tmp_path, **knobs):
-    return mpirun("stall.py", cwd=tmp_path,
-                  env=child_env(KERASDIST_STALL_WARNING_S=1, KERASDIST_STALL_TIMEOUT_S=3, **knobs))
+    return mpirun(
+        "stall.py", cwd=tmp_path, env=child_env(KERASDIST_STALL_WARNING_S=1, KERASDIST_STALL_TIMEOUT_S=3, **knobs)
+    )
 
 
 def _library_lines(job, level):
@@ -63,14 +63,13 @@ def test_a_stalled_tensor_is_reported_then_fails_with_its_name(tmp_path):
     # the two around it, the missing rank 1.
     ours = ("STALL_", "LAUNCH_PID", "RANK_DONE")
     lines = [line for line in job.output.splitlines() if not line.startswith(ours)]
-    near_warning = [" ".join(lines[max(0, i - 2):i + 3])
-                    for i, line in enumerate(lines) if tensor in line]
+    near_warning = [" ".join(lines[max(0, i - 2) : i + 3]) for i, line in enumerate(lines) if tensor in line]
     assert near_warning, "no stall warning naming the tensor" + job.describe()
     # "rank 1", "ranks: 1", "ranks [0, 1]", "rank(s) 1", "missing ranks:<newline>1: ..."
-    names_rank_1 = re.compile(r"\branks?(\(s\))?\s*[:=]?\s*\[?\s*(\d+\s*,\s*)*1\b",
-                              re.IGNORECASE)
+    names_rank_1 = re.compile(r"\branks?(\(s\))?\s*[:=]?\s*\[?\s*(\d+\s*,\s*)*1\b", re.IGNORECASE)
     assert any(names_rank_1.search(text) for text in near_warning), (
-        "stall warning does not name the missing rank 1" + job.describe())
+        "stall warning does not name the missing rank 1" + job.describe()
+    )
     assert _library_lines(job, "WARNING"), job.describe()  # at the default level, warning
 
 
@@ -85,8 +84,9 @@ def test_log_level_error_drops_the_stall_warnings_and_keeps_the_error(tmp_path):
 def test_stall_knobs_at_zero_never_warn_and_wait_for_the_late_rank(tmp_path):
     # The last rank comes 4 s late: with a limit of 0 read as "0 seconds" the collective would
     # fail at once, and a warning period of 0 would warn without pause.
-    job = mpirun("late_rank.py", "4", cwd=tmp_path,
-                 env=child_env(KERASDIST_STALL_WARNING_S=0, KERASDIST_STALL_TIMEOUT_S=0))
+    job = mpirun(
+        "late_rank.py", "4", cwd=tmp_path, env=child_env(KERASDIST_STALL_WARNING_S=0, KERASDIST_STALL_TIMEOUT_S=0)
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     # (ranks printing at once can share a line of the launcher's output)
     assert re.findall(r"LATE_RESULT=(\S+)", job.output) == ["2.0", "2.0"], job.describe()
@@ -100,8 +100,11 @@ def test_cycle_time_gathers_requests_that_arrive_apart_into_one_fused_cycle(tmp_
     cycle_ms = 1000
     path = tmp_path / "timeline.json"
     # Two threads of a rank make eager collectives: the mismatch check must be off (its knob's advice).
-    job = mpirun("cycle_time.py", cwd=tmp_path, env=child_env(KERASDIST_CYCLE_TIME_MS=cycle_ms, KERASDIST_TIMELINE=path,
-                                                              KERASDIST_MISMATCH_TIMEOUT_S=0))
+    job = mpirun(
+        "cycle_time.py",
+        cwd=tmp_path,
+        env=child_env(KERASDIST_CYCLE_TIME_MS=cycle_ms, KERASDIST_TIMELINE=path, KERASDIST_MISMATCH_TIMEOUT_S=0),
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     events = json.loads(path.read_text())
     phases = {}
@@ -127,8 +130,10 @@ def _fusion_run(tmp_path, label, threshold):
 
 @pytest.mark.timeout(3 * DEFAULT_JOB_TIMEOUT_S + 60, method="thread")  # three jobs
 def test_fusion_threshold_does_not_change_results(tmp_path):
-    runs = {label: _fusion_run(tmp_path, label, threshold)
-            for label, threshold in (("default", None), ("off", 0), ("4KiB", 4096))}
+    runs = {
+        label: _fusion_run(tmp_path, label, threshold)
+        for label, threshold in (("default", None), ("off", 0), ("4KiB", 4096))
+    }
 
     reference = runs["default"]
     for label, ranks in runs.items():
@@ -137,8 +142,7 @@ def test_fusion_threshold_does_not_change_results(tmp_path):
             for key, value in arrays.items():
                 expected = reference[rank][key]
                 assert value.dtype == expected.dtype, (label, rank, key)
-                assert np.array_equal(value, expected), (
-                    f"threshold {label} differs from default on rank {rank}, {key}")
+                assert np.array_equal(value, expected), f"threshold {label} differs from default on rank {rank}, {key}"
 
     # And the default run is right (2 ranks: sums are exact up to one rounding).
     ranks = reference
@@ -151,10 +155,13 @@ def test_fusion_threshold_does_not_change_results(tmp_path):
         expected = (a + b) / 2 if average else a + b
         if value.dtype.kind in "iu" and average:
             expected = np.trunc(expected)
-        np.testing.assert_allclose(value.astype(np.float64), expected,
-                                   rtol=1e-3 if value.dtype == np.float16 else 1e-6,
-                                   atol=1e-2 if value.dtype == np.float16 else 1e-6,
-                                   err_msg=key)
+        np.testing.assert_allclose(
+            value.astype(np.float64),
+            expected,
+            rtol=1e-3 if value.dtype == np.float16 else 1e-6,
+            atol=1e-2 if value.dtype == np.float16 else 1e-6,
+            err_msg=key,
+        )
         np.testing.assert_array_equal(ranks[1][key], value, err_msg=f"ranks differ: {key}")
 
 

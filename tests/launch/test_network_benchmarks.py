@@ -19,13 +19,33 @@ def run_benchmark(tmp_path, script, *flags, **env):
 
 def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_path):
     results_path = tmp_path / "network_allreduce.json"
-    run_benchmark(tmp_path, "network_allreduce.py", "--sizes_kib", "4", "64", "--compression_sizes_kib", "64",
-                  "--many_tensors", "4", "--many_tensor_kib", "4", "--repeats", "1", "--target_ms", "5",
-                  "--json", results_path)
+    run_benchmark(
+        tmp_path,
+        "network_allreduce.py",
+        "--sizes_kib",
+        "4",
+        "64",
+        "--compression_sizes_kib",
+        "64",
+        "--many_tensors",
+        "4",
+        "--many_tensor_kib",
+        "4",
+        "--repeats",
+        "1",
+        "--target_ms",
+        "5",
+        "--json",
+        results_path,
+    )
     results = json.loads(results_path.read_text())
     assert results["ranks"] == 2
     assert [(row["op"], row["bytes"]) for row in results["sizes"]] == [
-        ("Sum", 4096), ("Sum", 65536), ("Average", 4096), ("Average", 65536)]
+        ("Sum", 4096),
+        ("Sum", 65536),
+        ("Average", 4096),
+        ("Average", 65536),
+    ]
     assert all(row["raw_s"] > 0 and row["ours_s"] > 0 for row in results["sizes"])
     assert set(results["many"]["seconds"]) == {"raw per tensor", "raw flat", "grouped"}
     assert [sorted(row) for row in results["compression"]] == [["bf16", "bytes", "fp16", "none", "raw"]]
@@ -34,8 +54,9 @@ def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_pat
 def test_negotiation_benchmark_reports_fast_and_slow_path_cycles(tmp_path):
     reports = []
     for capacity in ("1024", "1"):
-        job = run_benchmark(tmp_path, "negotiation.py", "--iterations", "5", "--repeats", "2",
-                            KERASDIST_CACHE_CAPACITY=capacity)
+        job = run_benchmark(
+            tmp_path, "negotiation.py", "--iterations", "5", "--repeats", "2", KERASDIST_CACHE_CAPACITY=capacity
+        )
         lines = job.lines_with("NEGOTIATION ")
         assert len(lines) == 1, job.describe()  # rank 0 only
         reports.append(json.loads(lines[0]))

@@ -7,6 +7,7 @@ step's buckets would be queued within a few ms of each other (3 ms measured, of 
 with overlap the first is queued while the other layers' gradients are still being computed
 (30-35 ms before the last, of a 60-66 ms step).
 """
+
 import json
 import statistics
 
@@ -22,9 +23,10 @@ MIN_SPREAD_SHARE = 0.25
 def bucket_queue_times(timeline_path):
     """Per step, when each gradient bucket was queued (µs), in queue order."""
     events = json.loads(timeline_path.read_text())
-    queued = sorted(e["ts"] for e in events
-                    if e.get("name") == "queued" and "KerasdistAllreduce" in e["args"]["tensor"])
-    return [queued[i:i + BUCKETS] for i in range(0, len(queued) - BUCKETS + 1, BUCKETS)]
+    queued = sorted(
+        e["ts"] for e in events if e.get("name") == "queued" and "KerasdistAllreduce" in e["args"]["tensor"]
+    )
+    return [queued[i : i + BUCKETS] for i in range(0, len(queued) - BUCKETS + 1, BUCKETS)]
 
 
 def test_buckets_are_queued_while_backprop_goes_on(tmp_path):
@@ -38,5 +40,6 @@ def test_buckets_are_queued_while_backprop_goes_on(tmp_path):
     assert len(steps) >= 10, steps
     spread = statistics.median(step[-1] - step[0] for step in steps)
     period = statistics.median(b[0] - a[0] for a, b in zip(steps, steps[1:]))
-    assert spread >= MIN_SPREAD_SHARE * period, \
+    assert spread >= MIN_SPREAD_SHARE * period, (
         f"a step's {BUCKETS} buckets were queued within {spread / 1e3:.1f} ms of a {period / 1e3:.1f} ms step"
+    )

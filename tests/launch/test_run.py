@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_job
+
 from kerasdist.run import launcher, mpi
 
 HYDRA_VERSION_TEXT = """HYDRA build details:
@@ -51,8 +51,11 @@ def fake_mpiexec(tmp_path):
 
 def _dry_run(argv, fake_mpiexec, version_text, capsys, **environ):
     """main(--dry-run argv) with `fake_mpiexec` answering --version with `version_text`."""
-    status = launcher.main(["--dry-run", *argv], environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
-                           run_version=lambda _path: version_text)
+    status = launcher.main(
+        ["--dry-run", *argv],
+        environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
+        run_version=lambda _path: version_text,
+    )
     assert status == 0
     return capsys.readouterr().out.strip()
 
@@ -69,6 +72,7 @@ def _usage_error(argv, capsys, **environ):
 
 # ---- the command line for each flavour ----------------------------------------------------
 
+
 @pytest.mark.parametrize("flavour_name, text", VERSION_TEXTS.items())
 def test_mpiexec_version_output_tells_the_flavour(flavour_name, text):
     assert mpi.flavour_from_version_text(text).name == flavour_name
@@ -79,67 +83,101 @@ def test_unrecognised_version_output_is_no_flavour():
 
 
 def test_mpich_command_uses_hosts_and_genv(fake_mpiexec, capsys):
-    out = _dry_run(["-np", "4", "-H", "node1:2,node2:2", "--log-level", "info", "python", "train.py", "--lr=0.1"],
-                   fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
-    assert out == (f"{fake_mpiexec} -np 4 -hosts node1:2,node2:2 -genv KERASDIST_LOG_LEVEL info "
-                   f"python train.py --lr=0.1")
+    out = _dry_run(
+        ["-np", "4", "-H", "node1:2,node2:2", "--log-level", "info", "python", "train.py", "--lr=0.1"],
+        fake_mpiexec,
+        HYDRA_VERSION_TEXT,
+        capsys,
+    )
+    assert out == (
+        f"{fake_mpiexec} -np 4 -hosts node1:2,node2:2 -genv KERASDIST_LOG_LEVEL info python train.py --lr=0.1"
+    )
 
 
 def test_intel_mpi_command_uses_hostfile_option_f_and_genv(fake_mpiexec, tmp_path, capsys):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1:2\nnode2:2\n")
-    out = _dry_run(["-np", "4", "--hostfile", str(hostfile), "--cycle-time-ms", "2.5", "python", "train.py"],
-                   fake_mpiexec, INTEL_MPI_VERSION_TEXT, capsys)
+    out = _dry_run(
+        ["-np", "4", "--hostfile", str(hostfile), "--cycle-time-ms", "2.5", "python", "train.py"],
+        fake_mpiexec,
+        INTEL_MPI_VERSION_TEXT,
+        capsys,
+    )
     assert out == f"{fake_mpiexec} -np 4 -f {hostfile} -genv KERASDIST_CYCLE_TIME_MS 2.5 python train.py"
 
 
 def test_open_mpi_command_uses_capital_h_and_x(fake_mpiexec, capsys):
-    out = _dry_run(["-np", "2", "-H", "a:1,b:1", "--stall-warning-s", "5", "--stall-timeout-s", "30",
-                    "python", "train.py"], fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys)
-    assert out == (f"{fake_mpiexec} -np 2 -H a:1,b:1 -x KERASDIST_STALL_WARNING_S=5 "
-                   f"-x KERASDIST_STALL_TIMEOUT_S=30 python train.py")
+    out = _dry_run(
+        ["-np", "2", "-H", "a:1,b:1", "--stall-warning-s", "5", "--stall-timeout-s", "30", "python", "train.py"],
+        fake_mpiexec,
+        OPEN_MPI_VERSION_TEXT,
+        capsys,
+    )
+    assert out == (
+        f"{fake_mpiexec} -np 2 -H a:1,b:1 -x KERASDIST_STALL_WARNING_S=5 "
+        f"-x KERASDIST_STALL_TIMEOUT_S=30 python train.py"
+    )
 
 
 def test_open_mpi_hostfile_option_is_long(fake_mpiexec, tmp_path, capsys):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1 slots=2\n")
-    out = _dry_run(["-np", "2", "--hostfile", str(hostfile), "python", "t.py"],
-                   fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys)
+    out = _dry_run(
+        ["-np", "2", "--hostfile", str(hostfile), "python", "t.py"], fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys
+    )
     assert out == f"{fake_mpiexec} -np 2 --hostfile {hostfile} python t.py"
 
 
 def test_fusion_threshold_is_passed_in_bytes(fake_mpiexec, capsys):
-    out = _dry_run(["-np", "2", "--fusion-threshold-mb", "32", "python", "t.py"],
-                   fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
+    out = _dry_run(
+        ["-np", "2", "--fusion-threshold-mb", "32", "python", "t.py"], fake_mpiexec, HYDRA_VERSION_TEXT, capsys
+    )
     assert f"-genv KERASDIST_FUSION_THRESHOLD {32 * 1024 * 1024} " in out
-    out = _dry_run(["-np", "2", "--fusion-threshold-mb", "0.5", "python", "t.py"],
-                   fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
+    out = _dry_run(
+        ["-np", "2", "--fusion-threshold-mb", "0.5", "python", "t.py"], fake_mpiexec, HYDRA_VERSION_TEXT, capsys
+    )
     assert "-genv KERASDIST_FUSION_THRESHOLD 524288 " in out
 
 
 def test_timeline_path_is_made_absolute(fake_mpiexec, tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    out = _dry_run(["-np", "2", "--timeline", "trace.json", "python", "t.py"],
-                   fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys)
+    out = _dry_run(
+        ["-np", "2", "--timeline", "trace.json", "python", "t.py"], fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys
+    )
     assert f"-x KERASDIST_TIMELINE={Path.cwd() / 'trace.json'} " in out
 
 
 def test_knobs_already_in_the_environment_are_passed_on_and_flags_win(fake_mpiexec, capsys):
-    out = _dry_run(["-np", "2", "--log-level", "debug", "python", "t.py"], fake_mpiexec, OPEN_MPI_VERSION_TEXT,
-                   capsys, KERASDIST_CACHE_CAPACITY="8", KERASDIST_LOG_LEVEL="error", UNRELATED="1")
-    assert out == (f"{fake_mpiexec} -np 2 -x KERASDIST_CACHE_CAPACITY=8 -x KERASDIST_LOG_LEVEL=debug "
-                   f"python t.py")
+    out = _dry_run(
+        ["-np", "2", "--log-level", "debug", "python", "t.py"],
+        fake_mpiexec,
+        OPEN_MPI_VERSION_TEXT,
+        capsys,
+        KERASDIST_CACHE_CAPACITY="8",
+        KERASDIST_LOG_LEVEL="error",
+        UNRELATED="1",
+    )
+    assert out == (f"{fake_mpiexec} -np 2 -x KERASDIST_CACHE_CAPACITY=8 -x KERASDIST_LOG_LEVEL=debug python t.py")
 
 
 def test_mpi_args_come_after_ours_and_before_the_command(fake_mpiexec, capsys):
-    out = _dry_run(["-np", "2", "--mpi-args", "-bind-to core -genv FOO 'a b'", "python", "t.py"],
-                   fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
+    out = _dry_run(
+        ["-np", "2", "--mpi-args", "-bind-to core -genv FOO 'a b'", "python", "t.py"],
+        fake_mpiexec,
+        HYDRA_VERSION_TEXT,
+        capsys,
+    )
     assert out == f"{fake_mpiexec} -np 2 -bind-to core -genv FOO 'a b' python t.py"
 
 
 def test_flavour_override_beats_version_output(fake_mpiexec, capsys):
-    out = _dry_run(["-np", "2", "-H", "a:2", "python", "t.py"], fake_mpiexec, HYDRA_VERSION_TEXT, capsys,
-                   KERASDIST_MPI_FLAVOUR="openmpi")
+    out = _dry_run(
+        ["-np", "2", "-H", "a:2", "python", "t.py"],
+        fake_mpiexec,
+        HYDRA_VERSION_TEXT,
+        capsys,
+        KERASDIST_MPI_FLAVOUR="openmpi",
+    )
     assert out == f"{fake_mpiexec} -np 2 -H a:2 python t.py"
 
 
@@ -159,29 +197,34 @@ def test_mpiexec_recorded_at_build_comes_before_the_one_beside_python(fake_mpiex
 
 # ---- bad arguments: one line on stderr naming the argument, exit status 2 -----------------
 
-@pytest.mark.parametrize("argv, names", [
-    (["python", "t.py"], "-np"),
-    (["-np", "2"], "no command"),
-    (["-np", "0", "python", "t.py"], "-np"),
-    (["-np", "two", "python", "t.py"], "-np"),
-    (["-np", "2", "-H", "a:2", "--hostfile", __file__, "python", "t.py"], "not allowed with"),
-    (["-np", "2", "-H", "a:0", "python", "t.py"], "-H"),
-    (["-np", "2", "--hostfile", "/no/such/hostfile", "python", "t.py"], "--hostfile"),
-    (["-np", "2", "--fusion-threshold-mb", "big", "python", "t.py"], "--fusion-threshold-mb"),
-    (["-np", "2", "--cycle-time-ms", "fast", "python", "t.py"], "--cycle-time-ms"),
-    (["-np", "2", "--stall-warning-s", "nan", "python", "t.py"], "--stall-warning-s"),
-    (["-np", "2", "--stall-timeout-s", "-1", "python", "t.py"], "--stall-timeout-s"),
-    (["-np", "2", "--log-level", "verbose", "python", "t.py"], "--log-level"),
-    (["-np", "2", "--mpi-args", "'unclosed", "python", "t.py"], "--mpi-args"),
-])
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["python", "t.py"], "-np"),
+        (["-np", "2"], "no command"),
+        (["-np", "0", "python", "t.py"], "-np"),
+        (["-np", "two", "python", "t.py"], "-np"),
+        (["-np", "2", "-H", "a:2", "--hostfile", __file__, "python", "t.py"], "not allowed with"),
+        (["-np", "2", "-H", "a:0", "python", "t.py"], "-H"),
+        (["-np", "2", "--hostfile", "/no/such/hostfile", "python", "t.py"], "--hostfile"),
+        (["-np", "2", "--fusion-threshold-mb", "big", "python", "t.py"], "--fusion-threshold-mb"),
+        (["-np", "2", "--cycle-time-ms", "fast", "python", "t.py"], "--cycle-time-ms"),
+        (["-np", "2", "--stall-warning-s", "nan", "python", "t.py"], "--stall-warning-s"),
+        (["-np", "2", "--stall-timeout-s", "-1", "python", "t.py"], "--stall-timeout-s"),
+        (["-np", "2", "--log-level", "verbose", "python", "t.py"], "--log-level"),
+        (["-np", "2", "--mpi-args", "'unclosed", "python", "t.py"], "--mpi-args"),
+    ],
+)
 def test_bad_argument_is_a_usage_error_naming_it(argv, names, capsys, fake_mpiexec):
     err = _usage_error(argv, capsys, KERASDIST_MPIEXEC=fake_mpiexec)
     assert names in err
 
 
 def test_unknown_flavour_override_is_a_usage_error(fake_mpiexec, capsys):
-    err = _usage_error(["-np", "2", "python", "t.py"], capsys, KERASDIST_MPIEXEC=fake_mpiexec,
-                       KERASDIST_MPI_FLAVOUR="mvapich")
+    err = _usage_error(
+        ["-np", "2", "python", "t.py"], capsys, KERASDIST_MPIEXEC=fake_mpiexec, KERASDIST_MPI_FLAVOUR="mvapich"
+    )
     assert "KERASDIST_MPI_FLAVOUR='mvapich'" in err and "openmpi" in err
 
 
@@ -192,26 +235,37 @@ def test_missing_mpiexec_override_is_a_usage_error(capsys):
 
 def test_unrecognised_mpiexec_asks_for_the_flavour(fake_mpiexec, capsys):
     with pytest.raises(SystemExit) as exit_info:
-        launcher.main(["-np", "2", "python", "t.py"], environ={"KERASDIST_MPIEXEC": fake_mpiexec},
-                      run_version=lambda _path: "some other launcher 1.0")
+        launcher.main(
+            ["-np", "2", "python", "t.py"],
+            environ={"KERASDIST_MPIEXEC": fake_mpiexec},
+            run_version=lambda _path: "some other launcher 1.0",
+        )
     assert exit_info.value.code == 2
     assert "KERASDIST_MPI_FLAVOUR" in capsys.readouterr().err
 
 
 def test_bad_knob_in_the_environment_is_a_usage_error(fake_mpiexec, capsys):
-    err = _usage_error(["-np", "2", "python", "t.py"], capsys, KERASDIST_MPIEXEC=fake_mpiexec,
-                       KERASDIST_CACHE_CAPACITY="lots")
+    err = _usage_error(
+        ["-np", "2", "python", "t.py"], capsys, KERASDIST_MPIEXEC=fake_mpiexec, KERASDIST_CACHE_CAPACITY="lots"
+    )
     assert "KERASDIST_CACHE_CAPACITY" in err
 
 
 def test_usage_error_from_the_command_line_is_one_line_and_exit_2(tmp_path):
-    finished = subprocess.run([*LAUNCHER, "-np", "0", "python", "t.py"], capture_output=True, text=True,
-                              env=child_env(), cwd=tmp_path, timeout=QUICK_TIMEOUT_S)
+    finished = subprocess.run(
+        [*LAUNCHER, "-np", "0", "python", "t.py"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert finished.returncode == 2
     assert finished.stderr.count("\n") == 1 and "argument -np/-n" in finished.stderr, finished.stderr
 
 
 # ---- exit status and signals ---------------------------------------------------------------
+
 
 def test_child_killed_by_a_signal_exits_128_plus_it():
     assert launcher.run_forwarding_signals(["sh", "-c", "kill -KILL $$"]) == 128 + signal.SIGKILL
@@ -227,17 +281,25 @@ def test_successful_real_job_exits_0(tmp_path):
     assert job.returncode == 0 and job.output.count("HELLO") == 2, job.describe()
 
 
-_SLEEPING_RANK = ("import os, time; print('LAUNCH_PID rank=%s pid=%d' % (os.environ['PMI_RANK'], os.getpid()), "
-                  "flush=True); time.sleep(120)")
+_SLEEPING_RANK = (
+    "import os, time; print('LAUNCH_PID rank=%s pid=%d' % (os.environ['PMI_RANK'], os.getpid()), "
+    "flush=True); time.sleep(120)"
+)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_signal_to_the_launcher_stops_the_job_and_exits_128_plus_it(tmp_path, signum):
     log_path = tmp_path / "job.log"
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([*LAUNCHER, "-np", "2", sys.executable, "-c", _SLEEPING_RANK], stdout=log,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=tmp_path,
-                                env=child_env(), start_new_session=True)
+        proc = subprocess.Popen(
+            [*LAUNCHER, "-np", "2", sys.executable, "-c", _SLEEPING_RANK],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=tmp_path,
+            env=child_env(),
+            start_new_session=True,
+        )
     rank_pids = []
     try:
         deadline = time.monotonic() + QUICK_TIMEOUT_S
@@ -266,19 +328,46 @@ def test_signal_to_the_launcher_stops_the_job_and_exits_128_plus_it(tmp_path, si
 # ---- knobs reach the ranks; the other entry points ----------------------------------------
 
 # One write per rank, so two ranks' lines cannot interleave mid-line (see child_env).
-_PRINT_KERASDIST_VARIABLES = ("import os, sys; rank = os.environ['PMI_RANK']; "
-                              "sys.stdout.write(''.join(f'RANK{rank} {k}={v}\\n' for k, v in "
-                              "sorted(os.environ.items()) if k.startswith('KERASDIST_')))")
+_PRINT_KERASDIST_VARIABLES = (
+    "import os, sys; rank = os.environ['PMI_RANK']; "
+    "sys.stdout.write(''.join(f'RANK{rank} {k}={v}\\n' for k, v in "
+    "sorted(os.environ.items()) if k.startswith('KERASDIST_')))"
+)
 
 
 def test_knob_flags_reach_every_rank_environment(tmp_path):
-    job = run_job([*LAUNCHER, "-np", "2", "--fusion-threshold-mb", "8", "--cycle-time-ms", "1.5",
-                   "--timeline", "trace.json", "--stall-warning-s", "7", "--stall-timeout-s", "70",
-                   "--log-level", "DEBUG", sys.executable, "-c", _PRINT_KERASDIST_VARIABLES], tmp_path)
+    job = run_job(
+        [
+            *LAUNCHER,
+            "-np",
+            "2",
+            "--fusion-threshold-mb",
+            "8",
+            "--cycle-time-ms",
+            "1.5",
+            "--timeline",
+            "trace.json",
+            "--stall-warning-s",
+            "7",
+            "--stall-timeout-s",
+            "70",
+            "--log-level",
+            "DEBUG",
+            sys.executable,
+            "-c",
+            _PRINT_KERASDIST_VARIABLES,
+        ],
+        tmp_path,
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
-    expected = {"KERASDIST_FUSION_THRESHOLD": str(8 * 1024 * 1024), "KERASDIST_CYCLE_TIME_MS": "1.5",
-                "KERASDIST_TIMELINE": str(tmp_path.resolve() / "trace.json"), "KERASDIST_STALL_WARNING_S": "7",
-                "KERASDIST_STALL_TIMEOUT_S": "70", "KERASDIST_LOG_LEVEL": "debug"}
+    expected = {
+        "KERASDIST_FUSION_THRESHOLD": str(8 * 1024 * 1024),
+        "KERASDIST_CYCLE_TIME_MS": "1.5",
+        "KERASDIST_TIMELINE": str(tmp_path.resolve() / "trace.json"),
+        "KERASDIST_STALL_WARNING_S": "7",
+        "KERASDIST_STALL_TIMEOUT_S": "70",
+        "KERASDIST_LOG_LEVEL": "debug",
+    }
     for rank in range(2):
         seen = dict(line.split("=", 1) for line in job.lines_with(f"RANK{rank} "))
         assert seen == expected, job.describe()
@@ -286,24 +375,41 @@ def test_knob_flags_reach_every_rank_environment(tmp_path):
 
 def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
     marker = tmp_path / "ran"
-    finished = subprocess.run([*LAUNCHER, "-np", "2", "--dry-run", "touch", str(marker)], capture_output=True,
-                              text=True, env=child_env(), cwd=tmp_path, timeout=QUICK_TIMEOUT_S)
+    finished = subprocess.run(
+        [*LAUNCHER, "-np", "2", "--dry-run", "touch", str(marker)],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert finished.returncode == 0, finished.stderr
     assert finished.stdout.split() == [str(MPIEXEC), "-np", "2", "touch", str(marker)]
     assert not marker.exists()
 
 
 def test_verbose_prints_the_command_to_stderr_then_runs_it(tmp_path):
-    finished = subprocess.run([*LAUNCHER, "-np", "1", "--verbose", sys.executable, "-c", "print('RAN')"],
-                              capture_output=True, text=True, env=child_env(), cwd=tmp_path,
-                              timeout=QUICK_TIMEOUT_S)
+    finished = subprocess.run(
+        [*LAUNCHER, "-np", "1", "--verbose", sys.executable, "-c", "print('RAN')"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert finished.returncode == 0, finished.stderr
     assert f"{MPIEXEC} -np 1 " in finished.stderr and "RAN" in finished.stdout
 
 
 def test_check_build_describes_the_op_library_and_its_mpi(tmp_path):
-    finished = subprocess.run([*LAUNCHER, "--check-build"], capture_output=True, text=True, env=child_env(),
-                              cwd=tmp_path, timeout=QUICK_TIMEOUT_S)
+    finished = subprocess.run(
+        [*LAUNCHER, "--check-build"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr
     build_info = launcher.read_build_info()
     assert build_info is not None, "no kerasdist/build_info.json: run `make build`"
@@ -323,24 +429,39 @@ def test_console_script_and_python_m_build_the_same_command(tmp_path):
     script = Path(sys.executable).parent / "kerasdist-run"
     assert script.exists(), f"{script} missing: `make build` installs it (pip install -e .)"
     argv = ["-np", "3", "--log-level", "info", "--dry-run", "python", "train.py"]
-    outputs = [subprocess.run(entry + argv, capture_output=True, text=True, env=child_env(), cwd=tmp_path,
-                              timeout=QUICK_TIMEOUT_S) for entry in ([str(script)], LAUNCHER)]
+    outputs = [
+        subprocess.run(
+            entry + argv, capture_output=True, text=True, env=child_env(), cwd=tmp_path, timeout=QUICK_TIMEOUT_S
+        )
+        for entry in ([str(script)], LAUNCHER)
+    ]
     assert [o.returncode for o in outputs] == [0, 0], [o.stderr for o in outputs]
     assert outputs[0].stdout == outputs[1].stdout
 
 
 def test_launcher_imports_neither_tensorflow_nor_mpi4py(tmp_path):
-    check = ("import sys, kerasdist.run; heavy = {'tensorflow', 'mpi4py'} & set(sys.modules); "
-             "sys.exit(f'imported {heavy}' if heavy else 0)")
-    finished = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, env=child_env(),
-                              cwd=tmp_path, timeout=QUICK_TIMEOUT_S)
+    check = (
+        "import sys, kerasdist.run; heavy = {'tensorflow', 'mpi4py'} & set(sys.modules); "
+        "sys.exit(f'imported {heavy}' if heavy else 0)"
+    )
+    finished = subprocess.run(
+        [sys.executable, "-c", check],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=QUICK_TIMEOUT_S,
+    )
     assert finished.returncode == 0, finished.stderr
 
 
 def test_site_wrapper_script_runs_a_two_process_job(tmp_path):
     # One write per line: the two ranks print at once (see child_env).
     say_rank = "import os, sys; sys.stdout.write('WRAPPED_RANK ' + os.environ['PMI_RANK'] + '\\n')"
-    job = run_job([REPO_ROOT / "scripts" / "mpirun.sh", "-np", "2", sys.executable, "-c", say_rank],
-                  tmp_path, timeout=DEFAULT_JOB_TIMEOUT_S)
+    job = run_job(
+        [REPO_ROOT / "scripts" / "mpirun.sh", "-np", "2", sys.executable, "-c", say_rank],
+        tmp_path,
+        timeout=DEFAULT_JOB_TIMEOUT_S,
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     assert sorted(job.lines_with("WRAPPED_RANK ")) == ["0", "1"], job.describe()

@@ -9,8 +9,8 @@ import os
 import stat
 
 import pytest
-
 from launch_utils import LAUNCH_TEST_MARKS
+
 from kerasdist.run import launcher
 
 HYDRA_VERSION_TEXT = "HYDRA build details:\n    Version:                                 5.0.2\n"
@@ -41,8 +41,11 @@ def site_ssh(tmp_path):
 
 def dry_run(argv, fake_mpiexec, version_text, capsys, **environ):
     """The command `kerasdist-run --dry-run argv` prints, as a list of words."""
-    status = launcher.main(["--dry-run", *argv], environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
-                           run_version=lambda _path: version_text)
+    status = launcher.main(
+        ["--dry-run", *argv],
+        environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
+        run_version=lambda _path: version_text,
+    )
     assert status == 0
     return capsys.readouterr().out.split()
 
@@ -58,66 +61,132 @@ def usage_error(argv, fake_mpiexec, capsys):
 
 # ---- --launcher-exec ----------------------------------------------------------------------
 
-def test_mpich_starts_remote_processes_through_hydras_ssh_launcher_with_the_program(
-        fake_mpiexec, site_ssh, capsys):
-    out = dry_run(["-np", "4", "-H", "a:2,b:2", "--launcher-exec", site_ssh, "python", "t.py"],
-                  fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
-    assert out == [fake_mpiexec, "-np", "4", "-hosts", "a:2,b:2", "-launcher", "ssh", "-launcher-exec", site_ssh,
-                   "python", "t.py"]
+
+def test_mpich_starts_remote_processes_through_hydras_ssh_launcher_with_the_program(fake_mpiexec, site_ssh, capsys):
+    out = dry_run(
+        ["-np", "4", "-H", "a:2,b:2", "--launcher-exec", site_ssh, "python", "t.py"],
+        fake_mpiexec,
+        HYDRA_VERSION_TEXT,
+        capsys,
+    )
+    assert out == [
+        fake_mpiexec,
+        "-np",
+        "4",
+        "-hosts",
+        "a:2,b:2",
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        site_ssh,
+        "python",
+        "t.py",
+    ]
 
 
 def test_intel_mpi_spells_it_bootstrap_exec(fake_mpiexec, site_ssh, capsys):
-    out = dry_run(["-np", "2", "--launcher-exec", site_ssh, "python", "t.py"],
-                  fake_mpiexec, INTEL_MPI_VERSION_TEXT, capsys)
+    out = dry_run(
+        ["-np", "2", "--launcher-exec", site_ssh, "python", "t.py"], fake_mpiexec, INTEL_MPI_VERSION_TEXT, capsys
+    )
     assert out == [fake_mpiexec, "-np", "2", "-bootstrap", "ssh", "-bootstrap-exec", site_ssh, "python", "t.py"]
 
 
 def test_open_mpi_gets_the_program_as_its_rsh_agent(fake_mpiexec, site_ssh, capsys):
-    out = dry_run(["-np", "2", "-H", "a,b", "--launcher-exec", site_ssh, "python", "t.py"],
-                  fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys)
+    out = dry_run(
+        ["-np", "2", "-H", "a,b", "--launcher-exec", site_ssh, "python", "t.py"],
+        fake_mpiexec,
+        OPEN_MPI_VERSION_TEXT,
+        capsys,
+    )
     assert out == [fake_mpiexec, "-np", "2", "-H", "a,b", "--mca", "plm_rsh_agent", site_ssh, "python", "t.py"]
 
 
-def test_launcher_program_given_by_name_or_relative_path_becomes_absolute(
-        fake_mpiexec, site_ssh, capsys, monkeypatch):
+def test_launcher_program_given_by_name_or_relative_path_becomes_absolute(fake_mpiexec, site_ssh, capsys, monkeypatch):
     site_dir, name = os.path.split(site_ssh)
     monkeypatch.setenv("PATH", site_dir + os.pathsep + os.environ.get("PATH", ""))
     by_name = dry_run(["-np", "2", "--launcher-exec", name, "python", "t.py"], fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
     monkeypatch.chdir(os.path.dirname(site_dir))
     relative = os.path.join(os.path.basename(site_dir), name)
-    by_path = dry_run(["-np", "2", "--launcher-exec", relative, "python", "t.py"], fake_mpiexec, HYDRA_VERSION_TEXT,
-                      capsys)
+    by_path = dry_run(
+        ["-np", "2", "--launcher-exec", relative, "python", "t.py"], fake_mpiexec, HYDRA_VERSION_TEXT, capsys
+    )
     assert by_name[by_name.index("-launcher-exec") + 1] == site_ssh
     assert by_path[by_path.index("-launcher-exec") + 1] == site_ssh
 
 
 # ---- --network-interface ------------------------------------------------------------------
 
+
 def test_mpich_keeps_hydra_and_ucx_and_libfabric_on_the_interface(fake_mpiexec, capsys):
-    out = dry_run(["-np", "2", "--network-interface", "eth1", "--log-level", "info", "python", "t.py"],
-                  fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
-    assert out == [fake_mpiexec, "-np", "2", "-iface", "eth1", "-genv", "KERASDIST_LOG_LEVEL", "info",
-                   "-genv", "UCX_NET_DEVICES", "eth1", "-genv", "FI_TCP_IFACE", "eth1", "python", "t.py"]
+    out = dry_run(
+        ["-np", "2", "--network-interface", "eth1", "--log-level", "info", "python", "t.py"],
+        fake_mpiexec,
+        HYDRA_VERSION_TEXT,
+        capsys,
+    )
+    assert out == [
+        fake_mpiexec,
+        "-np",
+        "2",
+        "-iface",
+        "eth1",
+        "-genv",
+        "KERASDIST_LOG_LEVEL",
+        "info",
+        "-genv",
+        "UCX_NET_DEVICES",
+        "eth1",
+        "-genv",
+        "FI_TCP_IFACE",
+        "eth1",
+        "python",
+        "t.py",
+    ]
 
 
 def test_intel_mpi_keeps_hydra_and_libfabric_on_the_interface(fake_mpiexec, capsys):
-    out = dry_run(["-np", "2", "--network-interface", "ib0", "python", "t.py"],
-                  fake_mpiexec, INTEL_MPI_VERSION_TEXT, capsys)
+    out = dry_run(
+        ["-np", "2", "--network-interface", "ib0", "python", "t.py"], fake_mpiexec, INTEL_MPI_VERSION_TEXT, capsys
+    )
     assert out == [fake_mpiexec, "-np", "2", "-iface", "ib0", "-genv", "FI_TCP_IFACE", "ib0", "python", "t.py"]
 
 
 def test_open_mpi_keeps_its_tcp_transport_runtime_and_ucx_on_the_interface(fake_mpiexec, capsys):
-    out = dry_run(["-np", "2", "--network-interface", "eth1", "python", "t.py"],
-                  fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys)
-    assert out == [fake_mpiexec, "-np", "2", "--mca", "btl_tcp_if_include", "eth1", "--mca", "oob_tcp_if_include",
-                   "eth1", "-x", "UCX_NET_DEVICES=eth1", "python", "t.py"]
+    out = dry_run(
+        ["-np", "2", "--network-interface", "eth1", "python", "t.py"], fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys
+    )
+    assert out == [
+        fake_mpiexec,
+        "-np",
+        "2",
+        "--mca",
+        "btl_tcp_if_include",
+        "eth1",
+        "--mca",
+        "oob_tcp_if_include",
+        "eth1",
+        "-x",
+        "UCX_NET_DEVICES=eth1",
+        "python",
+        "t.py",
+    ]
 
 
-@pytest.mark.parametrize("version_text, spelled", [(HYDRA_VERSION_TEXT, ["-genv", "UCX_NET_DEVICES", "mlx5_0:1"]),
-                                                   (OPEN_MPI_VERSION_TEXT, ["-x", "UCX_NET_DEVICES=mlx5_0:1"])])
+@pytest.mark.parametrize(
+    "version_text, spelled",
+    [
+        (HYDRA_VERSION_TEXT, ["-genv", "UCX_NET_DEVICES", "mlx5_0:1"]),
+        (OPEN_MPI_VERSION_TEXT, ["-x", "UCX_NET_DEVICES=mlx5_0:1"]),
+    ],
+)
 def test_a_device_the_caller_chose_for_ucx_is_kept(fake_mpiexec, capsys, version_text, spelled):
-    out = dry_run(["-np", "2", "--network-interface", "ib0", "python", "t.py"], fake_mpiexec, version_text, capsys,
-                  UCX_NET_DEVICES="mlx5_0:1")
+    out = dry_run(
+        ["-np", "2", "--network-interface", "ib0", "python", "t.py"],
+        fake_mpiexec,
+        version_text,
+        capsys,
+        UCX_NET_DEVICES="mlx5_0:1",
+    )
     joined = " ".join(out)
     assert " ".join(spelled) in joined and "UCX_NET_DEVICES ib0" not in joined and "UCX_NET_DEVICES=ib0" not in joined
 
@@ -125,15 +194,53 @@ def test_a_device_the_caller_chose_for_ucx_is_kept(fake_mpiexec, capsys, version
 def test_both_flags_together_with_a_hostfile_and_mpi_args_last(fake_mpiexec, site_ssh, tmp_path, capsys):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("a:2\nb:2\n")
-    out = dry_run(["-np", "4", "--hostfile", str(hostfile), "--launcher-exec", site_ssh, "--network-interface",
-                   "eth1", "--mpi-args", "-genv FI_TCP_IFACE eth2", "python", "t.py"],
-                  fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
-    assert out == [fake_mpiexec, "-np", "4", "-f", str(hostfile), "-launcher", "ssh", "-launcher-exec", site_ssh,
-                   "-iface", "eth1", "-genv", "UCX_NET_DEVICES", "eth1", "-genv", "FI_TCP_IFACE", "eth1",
-                   "-genv", "FI_TCP_IFACE", "eth2", "python", "t.py"]
+    out = dry_run(
+        [
+            "-np",
+            "4",
+            "--hostfile",
+            str(hostfile),
+            "--launcher-exec",
+            site_ssh,
+            "--network-interface",
+            "eth1",
+            "--mpi-args",
+            "-genv FI_TCP_IFACE eth2",
+            "python",
+            "t.py",
+        ],
+        fake_mpiexec,
+        HYDRA_VERSION_TEXT,
+        capsys,
+    )
+    assert out == [
+        fake_mpiexec,
+        "-np",
+        "4",
+        "-f",
+        str(hostfile),
+        "-launcher",
+        "ssh",
+        "-launcher-exec",
+        site_ssh,
+        "-iface",
+        "eth1",
+        "-genv",
+        "UCX_NET_DEVICES",
+        "eth1",
+        "-genv",
+        "FI_TCP_IFACE",
+        "eth1",
+        "-genv",
+        "FI_TCP_IFACE",
+        "eth2",
+        "python",
+        "t.py",
+    ]
 
 
 # ---- bad values: one line naming the flag, exit status 2 -----------------------------------
+
 
 @pytest.mark.parametrize("value", ["/no/such/ssh", "no-such-command-kerasdist"])
 def test_launcher_program_that_cannot_run_is_a_usage_error(fake_mpiexec, capsys, value):

@@ -4,13 +4,13 @@ The expected sizes are computed here from the CPU sets the ranks report: each ra
 its CPUs divided by the number of ranks whose sets overlap its own, and at least two
 inter-op threads (with one, a gradient bucket's collective cannot start during backprop).
 """
+
 import json
 import os
 import re
 import sys
 
 import pytest
-
 from launch_utils import LAUNCH_TEST_MARKS, MPIEXEC, SCRIPTS, child_env, mpirun, run_job
 
 pytestmark = LAUNCH_TEST_MARKS
@@ -79,8 +79,7 @@ def test_pools_that_already_exist_get_a_warning_naming_the_fix(tmp_path):
     if overlapping(found):
         share = shares(found)[0]
         assert job.output.count("before kerasdist.init()") == 1, job.describe()  # local rank 0 only
-        assert f"TF_NUM_INTRAOP_THREADS={share} TF_NUM_INTEROP_THREADS={max(2, share)}" in job.output, \
-            job.describe()
+        assert f"TF_NUM_INTRAOP_THREADS={share} TF_NUM_INTEROP_THREADS={max(2, share)}" in job.output, job.describe()
 
 
 def test_ranks_bound_to_their_own_cores_keep_tensorflows_default(tmp_path):

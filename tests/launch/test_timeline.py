@@ -7,7 +7,6 @@ job (scripts/timeline.py) writes the trace all tests here read."""
 import json
 
 import pytest
-
 from launch_utils import LAUNCH_TEST_MARKS, child_env, mpirun
 
 pytestmark = LAUNCH_TEST_MARKS
@@ -29,8 +28,7 @@ TIME_SLACK_US = 0.01  # timestamps and durations are printed with 3 decimals
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     directory = tmp_path_factory.mktemp("timeline")
-    job = mpirun("timeline.py", cwd=directory,
-                 env=child_env(KERASDIST_TIMELINE=directory / "timeline-rank{rank}.json"))
+    job = mpirun("timeline.py", cwd=directory, env=child_env(KERASDIST_TIMELINE=directory / "timeline-rank{rank}.json"))
     assert job.returncode == 0 and not job.timed_out, job.describe()
     return job, directory
 
@@ -95,8 +93,9 @@ def test_each_tensor_of_a_fused_group_is_copied_in_reduced_and_scaled(events):
     for phase in ("copy_in", "allreduce", "scale"):
         assert names.count(phase) == GROUP_SIZE, names
     # One fused call: the copy-in ends where the reduction starts, which ends where scaling starts.
-    queued, copy_in, allreduce, scale = (next(e for e in phases if e["name"] == n)
-                                         for n in ("queued", "copy_in", "allreduce", "scale"))
+    queued, copy_in, allreduce, scale = (
+        next(e for e in phases if e["name"] == n) for n in ("queued", "copy_in", "allreduce", "scale")
+    )
     assert queued["ts"] + queued["dur"] <= copy_in["ts"] + TIME_SLACK_US
     assert copy_in["ts"] + copy_in["dur"] == pytest.approx(allreduce["ts"], abs=TIME_SLACK_US)
     assert allreduce["ts"] + allreduce["dur"] == pytest.approx(scale["ts"], abs=TIME_SLACK_US)
@@ -110,8 +109,9 @@ def test_only_fused_and_compressed_tensors_are_copied_in(events):
 def test_each_cycle_mark_counts_the_requests_negotiated_in_its_cycle(events):
     # A cycle's mark carries the moment its negotiation finished; requests seen for the first
     # time are settled just after it, so a request's queued phase ends in [its mark, the next).
-    marks = sorted((event for event in events if event["ph"] == "i" and event["name"] == "cycle"),
-                   key=lambda mark: mark["ts"])
+    marks = sorted(
+        (event for event in events if event["ph"] == "i" and event["name"] == "cycle"), key=lambda mark: mark["ts"]
+    )
     assert sum(mark["args"]["ready"] for mark in marks) == len(EXPECTED_PHASES) + 1  # + the group
     queued_until = [found[0]["ts"] + found[0]["dur"] for found in phases_of(events).values()]
     bounds = [mark["ts"] - TIME_SLACK_US for mark in marks] + [float("inf")]

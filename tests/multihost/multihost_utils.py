@@ -77,13 +77,34 @@ class Cluster:
         """Runs a shell command on one host through the cluster's launcher program."""
         return subprocess.run([self.launcher, host, command], capture_output=True, text=True, timeout=timeout)
 
-    def launch(self, num_processes, command, cwd, hosts=None, hostfile=None, env=None, unset=(), extra_flags=(),
-               timeout=DEFAULT_JOB_TIMEOUT_S, script_name=""):
+    def launch(
+        self,
+        num_processes,
+        command,
+        cwd,
+        hosts=None,
+        hostfile=None,
+        env=None,
+        unset=(),
+        extra_flags=(),
+        timeout=DEFAULT_JOB_TIMEOUT_S,
+        script_name="",
+    ):
         """``kerasdist-run -np N (-H HOSTS | --hostfile FILE) --launcher-exec ... --network-interface ...``
         with ``env`` added to and ``unset`` removed from the environment hydra passes to the ranks."""
         where = ["--hostfile", hostfile] if hostfile else ["-H", hosts]
-        argv = [*LAUNCHER, "-np", str(num_processes), *where, "--launcher-exec", self.launcher,
-                "--network-interface", self.interface, *extra_flags, *command]
+        argv = [
+            *LAUNCHER,
+            "-np",
+            str(num_processes),
+            *where,
+            "--launcher-exec",
+            self.launcher,
+            "--network-interface",
+            self.interface,
+            *extra_flags,
+            *command,
+        ]
         environment = tcp_env(**(env or {}))
         for name in unset:
             environment.pop(name, None)
@@ -91,8 +112,14 @@ class Cluster:
 
     def run_script(self, script, *args, num_processes, cwd, hosts=None, **kwargs):
         """A script of tests/multihost/scripts on every rank."""
-        return self.launch(num_processes, [sys.executable, str(SCRIPTS / script), *args], cwd, hosts=hosts,
-                           script_name=script, **kwargs)
+        return self.launch(
+            num_processes,
+            [sys.executable, str(SCRIPTS / script), *args],
+            cwd,
+            hosts=hosts,
+            script_name=script,
+            **kwargs,
+        )
 
 
 def tcp_env(**extra):

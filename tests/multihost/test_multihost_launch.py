@@ -30,5 +30,7 @@ def test_hostfile_places_the_ranks_by_its_slots(two_hosts, tmp_path):
 def test_network_interface_reaches_the_ranks_as_the_transport_variables(two_hosts, tmp_path):
     job = two_hosts.run_script("where_am_i.py", num_processes=2, cwd=tmp_path, hosts=two_hosts.hosts_option(1))
     for report in reports(job, "WHERE", 2):
-        assert report["launcher_variables"] == {"UCX_NET_DEVICES": two_hosts.interface,
-                                                "FI_TCP_IFACE": two_hosts.interface}
+        assert report["launcher_variables"] == {
+            "UCX_NET_DEVICES": two_hosts.interface,
+            "FI_TCP_IFACE": two_hosts.interface,
+        }

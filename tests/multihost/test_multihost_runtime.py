@@ -2,7 +2,6 @@
 per host. Expected values come from the layout the test asks for, not from kerasdist."""
 
 import pytest
-
 from multihost_utils import reports
 
 # Thread-pool variables a test run may have set; init() must be free to size the pools here.
@@ -14,8 +13,13 @@ def layout(request, two_hosts, tmp_path_factory):
     """(ranks per host, each rank's TOPOLOGY report) of one job of tests/multihost/scripts/topology.py."""
     ranks_per_host = request.param
     size = len(two_hosts.hosts) * ranks_per_host
-    job = two_hosts.run_script("topology.py", num_processes=size, cwd=tmp_path_factory.mktemp("topology"),
-                               hosts=two_hosts.hosts_option(ranks_per_host), unset=THREAD_VARIABLES)
+    job = two_hosts.run_script(
+        "topology.py",
+        num_processes=size,
+        cwd=tmp_path_factory.mktemp("topology"),
+        hosts=two_hosts.hosts_option(ranks_per_host),
+        unset=THREAD_VARIABLES,
+    )
     return ranks_per_host, reports(job, "TOPOLOGY", size)
 
 

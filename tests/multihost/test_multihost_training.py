@@ -4,7 +4,6 @@ import re
 import sys
 
 import pytest
-
 from launch_utils import REPO_ROOT
 from multihost_utils import reports
 
@@ -22,10 +21,20 @@ def test_collectives_suite_passes_across_two_hosts(two_hosts, tmp_path, ranks_pe
     size = len(two_hosts.hosts) * ranks_per_host
     # Each rank its own pytest temp directory: ranks share one file system here, as hosts often do.
     deselect = " ".join(f"--deselect {test}" for test in SIZE_LIMITED_TESTS if size >= 4)
-    command = ["sh", "-c", f'exec {sys.executable} -m pytest -q -p no:cacheprovider --rootdir {REPO_ROOT} '
-                           f'{deselect} --basetemp="{tmp_path}/rank$PMI_RANK" {REPO_ROOT / "tests" / "collectives"}']
-    job = two_hosts.launch(size, command, tmp_path, hosts=two_hosts.hosts_option(ranks_per_host),
-                           env={"TF_NUM_INTRAOP_THREADS": "1"}, timeout=SUITE_TIMEOUT_S)
+    command = [
+        "sh",
+        "-c",
+        f"exec {sys.executable} -m pytest -q -p no:cacheprovider --rootdir {REPO_ROOT} "
+        f'{deselect} --basetemp="{tmp_path}/rank$PMI_RANK" {REPO_ROOT / "tests" / "collectives"}',
+    ]
+    job = two_hosts.launch(
+        size,
+        command,
+        tmp_path,
+        hosts=two_hosts.hosts_option(ranks_per_host),
+        env={"TF_NUM_INTRAOP_THREADS": "1"},
+        timeout=SUITE_TIMEOUT_S,
+    )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     passed = re.search(r"(\d+) passed", job.output)
     assert passed and int(passed.group(1)) > 100, job.describe()  # the suite ran, not an empty selection
@@ -34,8 +43,13 @@ def test_collectives_suite_passes_across_two_hosts(two_hosts, tmp_path, ranks_pe
 def test_fit_across_hosts_equals_one_process_at_the_global_batch(two_hosts, tmp_path):
     ranks_per_host = 2  # both kinds of neighbour: one on the same host, two across the link
     size = len(two_hosts.hosts) * ranks_per_host
-    job = two_hosts.run_script("fit_equivalence.py", num_processes=size, cwd=tmp_path,
-                               hosts=two_hosts.hosts_option(ranks_per_host), env={"TF_NUM_INTRAOP_THREADS": "1"})
+    job = two_hosts.run_script(
+        "fit_equivalence.py",
+        num_processes=size,
+        cwd=tmp_path,
+        hosts=two_hosts.hosts_option(ranks_per_host),
+        env={"TF_NUM_INTRAOP_THREADS": "1"},
+    )
     found = reports(job, "FIT", size)
     assert len({r["weights_digest"] for r in found}) == 1, found  # every rank ends with the same weights
     rank0 = found[0]

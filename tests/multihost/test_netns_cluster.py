@@ -6,7 +6,6 @@ import subprocess
 import time
 
 import pytest
-
 from multihost_utils import CLUSTER_SCRIPT, Cluster
 
 SETUP_TIMEOUT_S = 120
@@ -17,8 +16,10 @@ def namespaces_and_links():
     """Names of every network namespace and every interface of this (the root) namespace."""
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
-    return ({line.split()[0] for line in namespaces.splitlines() if line.strip()},
-            {line.split(": ")[1].split("@")[0] for line in links.splitlines()})
+    return (
+        {line.split()[0] for line in namespaces.splitlines() if line.strip()},
+        {line.split(": ")[1].split("@")[0] for line in links.splitlines()},
+    )
 
 
 def left_behind(cluster_id):
@@ -34,15 +35,19 @@ def test_hosts_have_their_own_names_addresses_and_a_clean_environment(two_hosts)
         assert lines[0] == host
         assert f" {two_hosts.interface} " in shell.stdout
         assert "NETNS_CLUSTER_DIR" not in shell.stdout  # like ssh, the launcher passes no environment
-    addresses = [line.split()[3] for shell in seen for line in shell.stdout.splitlines() if " inet " in line
-                 and "127.0.0.1" not in line]
+    addresses = [
+        line.split()[3]
+        for shell in seen
+        for line in shell.stdout.splitlines()
+        if " inet " in line and "127.0.0.1" not in line
+    ]
     assert len(set(addresses)) == len(two_hosts.hosts)
 
 
 def test_hosts_reach_each_other_by_name(two_hosts):
     first, second = two_hosts.hosts[:2]
     probe = f"import socket; s = socket.create_connection(('{second}', 9), timeout=5)"
-    reached = two_hosts.on_host(first, f"python3 -c \"{probe}\" 2>&1 || true")
+    reached = two_hosts.on_host(first, f'python3 -c "{probe}" 2>&1 || true')
     # Nothing listens on port 9 there: "refused" proves the name resolved and the host answered.
     assert "Connection refused" in reached.stdout, reached.stdout + reached.stderr
 
@@ -57,15 +62,24 @@ def test_a_shaped_link_is_no_faster_than_its_rate(tmp_path):
     cluster = Cluster.up(hosts=2, slots=1, timeout=SETUP_TIMEOUT_S, rate="20mbit")
     try:
         receiver, sender = cluster.hosts
-        server = subprocess.Popen([cluster.launcher, receiver,
-                                   "python3 -c \"import socket, time; s = socket.create_server(('', 5301)); "
-                                   "c, _ = s.accept(); t = time.perf_counter(); n = 0\n"
-                                   "while (b := c.recv(65536)): n += len(b)\n"
-                                   "print(n, time.perf_counter() - t)\""],
-                                  stdout=subprocess.PIPE, text=True)
+        server = subprocess.Popen(
+            [
+                cluster.launcher,
+                receiver,
+                "python3 -c \"import socket, time; s = socket.create_server(('', 5301)); "
+                "c, _ = s.accept(); t = time.perf_counter(); n = 0\n"
+                "while (b := c.recv(65536)): n += len(b)\n"
+                'print(n, time.perf_counter() - t)"',
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         time.sleep(1)
-        sent = cluster.on_host(sender, f"python3 -c \"import socket; c = socket.create_connection(('{receiver}', "
-                                       "5301)); c.sendall(bytes(1 << 20)); c.close()\"")
+        sent = cluster.on_host(
+            sender,
+            f"python3 -c \"import socket; c = socket.create_connection(('{receiver}', "
+            '5301)); c.sendall(bytes(1 << 20)); c.close()"',
+        )
         assert sent.returncode == 0, sent.stderr
         received, seconds = server.communicate(timeout=60)[0].split()
         assert int(received) == 1 << 20
@@ -94,8 +108,11 @@ def test_two_clusters_at_once_do_not_collide_and_down_removes_everything():
 @pytest.mark.parametrize("signum, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_run_removes_the_cluster_when_signalled(signum, status):
     """`run` tears down on a signal while its command runs."""
-    proc = subprocess.Popen([CLUSTER_SCRIPT, "run", "--hosts", "2", "--", "sh", "-c",
-                             "echo $NETNS_CLUSTER_ID; exec sleep 120"], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [CLUSTER_SCRIPT, "run", "--hosts", "2", "--", "sh", "-c", "echo $NETNS_CLUSTER_ID; exec sleep 120"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     cluster_id = proc.stdout.readline().strip()
     assert len(left_behind(cluster_id)) == 2 + 1 + 2
     proc.send_signal(signum)

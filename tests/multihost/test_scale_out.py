@@ -3,13 +3,16 @@ than this machine has cores. A small fusion threshold and a negotiation cache sm
 tensors of one step make fusion, splitting and cache evictions (slow-path renegotiation) happen."""
 
 import pytest
-
 from multihost_utils import reports
 
 SCALE_JOB_TIMEOUT_S = 420
-ENGINE_SETTINGS = {"KERASDIST_FUSION_THRESHOLD": str(512 * 1024), "KERASDIST_CACHE_CAPACITY": "16",
-                   "KERASDIST_STALL_TIMEOUT_S": "240", "TF_NUM_INTRAOP_THREADS": "1",
-                   "TF_NUM_INTEROP_THREADS": "1"}
+ENGINE_SETTINGS = {
+    "KERASDIST_FUSION_THRESHOLD": str(512 * 1024),
+    "KERASDIST_CACHE_CAPACITY": "16",
+    "KERASDIST_STALL_TIMEOUT_S": "240",
+    "TF_NUM_INTRAOP_THREADS": "1",
+    "TF_NUM_INTEROP_THREADS": "1",
+}
 
 
 @pytest.mark.timeout(SCALE_JOB_TIMEOUT_S + 60, method="thread")  # the job's own timeout fires first
@@ -17,9 +20,14 @@ ENGINE_SETTINGS = {"KERASDIST_FUSION_THRESHOLD": str(512 * 1024), "KERASDIST_CAC
 def test_collectives_and_negotiation_stay_correct(clusters, tmp_path, hosts, ranks_per_host):
     cluster = clusters.get(hosts=hosts, slots=ranks_per_host)
     size = hosts * ranks_per_host
-    job = cluster.run_script("scale_check.py", num_processes=size, cwd=tmp_path,
-                             hosts=cluster.hosts_option(ranks_per_host), env=ENGINE_SETTINGS,
-                             timeout=SCALE_JOB_TIMEOUT_S)
+    job = cluster.run_script(
+        "scale_check.py",
+        num_processes=size,
+        cwd=tmp_path,
+        hosts=cluster.hosts_option(ranks_per_host),
+        env=ENGINE_SETTINGS,
+        timeout=SCALE_JOB_TIMEOUT_S,
+    )
     found = reports(job, "SCALE", size)
     assert [r["rank"] for r in found] == list(range(size)) and {r["size"] for r in found} == {size}
     # The ordering race alone has 160 checks.

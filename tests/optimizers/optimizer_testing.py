@@ -59,9 +59,7 @@ def rounded(arrays, dtype):
 def rounded_settings(settings, dtype):
     """Float hyperparameters as the optimizer holds them in `dtype` (β₂ = 0.999 is 0.99900001 in
     float32, which moves 1 − β₂ by 1e-5), so the reference differs only by arithmetic rounding."""
-    return {
-        k: float(np.asarray(v, dtype=dtype)) if isinstance(v, float) else v for k, v in settings.items()
-    }
+    return {k: float(np.asarray(v, dtype=dtype)) if isinstance(v, float) else v for k, v in settings.items()}
 
 
 def run_optimizer(optimizer, weights, grad_steps, dtype, step_fn=None):

@@ -24,8 +24,14 @@ def quick_run(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
     env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     # timeout: a hang bound (below the per-test limit), not a speed limit
-    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--out_dir", str(out_dir)],
-                          capture_output=True, text=True, timeout=280, env=env, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--out_dir", str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out_dir / "batch_growth.json") as f:
         return proc.stdout, json.load(f), out_dir
@@ -98,8 +104,10 @@ def test_quick_run_records_the_signals(quick_run):
     _, report, _ = quick_run
     for config in CONFIGS:
         assert all(row["noise_scale"] is not None and row["noise_scale"] > 0 for row in epochs_of(report, config))
-    assert all(row["hessian_top_eigenvalue"] is not None and math.isfinite(row["hessian_top_eigenvalue"])
-               for row in epochs_of(report, "curvature"))
+    assert all(
+        row["hessian_top_eigenvalue"] is not None and math.isfinite(row["hessian_top_eigenvalue"])
+        for row in epochs_of(report, "curvature")
+    )
     for config in ("noise_scale", "curvature"):
         for run in report["results"][config]["runs"]:
             assert len(run["decisions"]) == report["config"]["epochs"]
@@ -107,7 +115,7 @@ def test_quick_run_records_the_signals(quick_run):
 
 def test_quick_run_prints_a_table_row_per_configuration(quick_run):
     stdout, report, _ = quick_run
-    table = stdout[stdout.index("| configuration | final batch |"):]
+    table = stdout[stdout.index("| configuration | final batch |") :]
     for result in report["results"].values():
         assert f"| {result['label']} |" in table
 

@@ -18,8 +18,14 @@ def quick_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("large_batch")
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     # timeout: a hang bound (below the per-test limit), not a speed limit
-    proc = subprocess.run([sys.executable, SCRIPT, "--quick", "--out_dir", str(out_dir)],
-                          capture_output=True, text=True, timeout=280, env=env, cwd=REPO)
+    proc = subprocess.run(
+        [sys.executable, SCRIPT, "--quick", "--out_dir", str(out_dir)],
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env=env,
+        cwd=REPO,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     with open(out_dir / "large_batch.json") as f:
         return proc.stdout, json.load(f), out_dir
@@ -33,8 +39,9 @@ def test_quick_run_reports_every_method_in_the_json(quick_run):
 def test_quick_run_accuracies_are_fractions(quick_run):
     _, report, _ = quick_run
     for method, result in report["results"].items():
-        values = [result[f"test_acc{kind}_{stat}"] for kind in ("", "_bn_recomputed")
-                  for stat in ("median", "min", "max")]
+        values = [
+            result[f"test_acc{kind}_{stat}"] for kind in ("", "_bn_recomputed") for stat in ("median", "min", "max")
+        ]
         values += [t["val_acc"] for t in result["tuning"]]
         for run in result["runs"]:
             values += run["curves"]["test_acc"] + run["curves"]["val_acc"]
@@ -65,7 +72,7 @@ def test_quick_run_chooses_a_rate_from_each_grid(quick_run):
 
 def test_quick_run_prints_a_table_row_per_method(quick_run):
     stdout, report, _ = quick_run
-    table = stdout[stdout.index("| method | batch |"):]
+    table = stdout[stdout.index("| method | batch |") :]
     for result in report["results"].values():
         assert f"| {result['label']} |" in table
 

@@ -15,6 +15,7 @@ def _refuse(what):
     def refused(*args, **kwargs):
         print(f"{ATTEMPT_MARKER}: {what}{args}", file=sys.stderr, flush=True)
         raise OSError(f"{what}: no network access in an offline test")
+
     return refused
 
 

@@ -4,6 +4,7 @@ Run with KERASDIST_CACHE_CAPACITY=2 so fast-path entries are evicted, reused and
 invalidated (a cached name arriving with a new shape) all the time. Prints CHURN_OK
 when every result matched the NumPy sum.
 """
+
 import numpy as np
 import tensorflow as tf
 

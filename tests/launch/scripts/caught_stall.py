@@ -5,6 +5,7 @@ the wait), KERASDIST_STALL_WARNING_S=1 and KERASDIST_STALL_TIMEOUT_S=3. Expected
 warnings that name both calls, both ranks catch tf.errors.DeadlineExceededError and carry
 on to the end, and the job still ends non-zero.
 """
+
 import os
 import time
 

@@ -17,6 +17,7 @@ argv: DIRECTORY FILENAME KEEP_LAST(0: keep all) SEED KILL_POINT
 Prints: LAUNCH_PID, RESUMED_EPOCH=, RESTORED_ITERATIONS=, SAVING=<epoch> and SAVED=<epoch>
 around each save, SAVE_CALLS=<durability calls of a completed save>, KILL_AT:<where>, DONE.
 """
+
 import os
 import signal
 import sys
@@ -69,6 +70,7 @@ class KilledWhileSaving(Rank0Checkpoint):
             if self.kill_at_call == (index, "after"):
                 die(f"after os.{name} (call {index} of the save)")
             return result
+
         return watched
 
     def set_model(self, model):
@@ -124,6 +126,13 @@ if checkpoint.resumed_from is not None:
 x = np.ones((8, 512), "float32")
 y = np.ones((8, 1), "float32")
 epochs = checkpoint.initial_epoch + (WARMUP_SAVES + 1 if kill else 1)
-model.fit(x, y, batch_size=8, epochs=epochs, initial_epoch=checkpoint.initial_epoch, verbose=0,
-          callbacks=[checkpoint, PrintRestoredIterations()])
+model.fit(
+    x,
+    y,
+    batch_size=8,
+    epochs=epochs,
+    initial_epoch=checkpoint.initial_epoch,
+    verbose=0,
+    callbacks=[checkpoint, PrintRestoredIterations()],
+)
 print("DONE", flush=True)

@@ -1,5 +1,6 @@
 """Two small allreduces submitted about 50 ms apart on every rank; rank 0 writes the timeline
 (KERASDIST_TIMELINE), from which the test reads whether they shared a negotiation cycle."""
+
 import os
 import threading
 import time

@@ -3,6 +3,7 @@
 Expected: the job ends soon with STATUS as its exit status when STATUS is not 0 (and
 non-zero when it is 0: rank 0's collective can never complete); rank 0 never finishes.
 """
+
 import os
 import sys
 import time

@@ -1,6 +1,7 @@
 """The job's first collective runs inside a tf.function, so kerasdist starts while
 TensorFlow traces it. Each rank prints TRACED_OK when every result is right; any failed
 check raises."""
+
 import numpy as np
 import tensorflow as tf
 
@@ -9,8 +10,12 @@ import kerasdist as kd
 
 @tf.function
 def collectives(x):
-    return (kd.allreduce(x, op=kd.Sum), kd.grouped_allreduce([x, 2 * x], op=kd.Average),
-            kd.allgather(x), kd.broadcast(x, root_rank=0))
+    return (
+        kd.allreduce(x, op=kd.Sum),
+        kd.grouped_allreduce([x, 2 * x], op=kd.Average),
+        kd.allgather(x),
+        kd.broadcast(x, root_rank=0),
+    )
 
 
 x = tf.constant([1.0, -2.0, 3.5])

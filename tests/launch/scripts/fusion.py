@@ -1,6 +1,7 @@
 """Many allreduces of mixed sizes and dtypes; each rank saves inputs and results
 to argv[1]/rank<R>.npz. The test runs this under several
 KERASDIST_FUSION_THRESHOLD values and compares the files bit for bit."""
+
 import os
 import sys
 
@@ -41,6 +42,5 @@ for i, out in enumerate(kd.grouped_allreduce(tensors[:16], op=kd.Sum)):
     results[f"grouped_{i}"] = out.numpy()
 for i in range(0, len(tensors), 6):
     results[f"eager_{i}"] = kd.allreduce(tensors[i], op=kd.Sum).numpy()
-np.savez(os.path.join(sys.argv[1], f"rank{rank}.npz"),
-         **results, **{f"input_{i}": a for i, a in enumerate(inputs)})
+np.savez(os.path.join(sys.argv[1], f"rank{rank}.npz"), **results, **{f"input_{i}": a for i, a in enumerate(inputs)})
 print(f"FUSION_SCRIPT_DONE rank={rank}", flush=True)

@@ -3,6 +3,7 @@
 Prints, on every rank: LATE_RESULT=<the sum, or the error's class> and LATE_SECONDS=<how long
 the call took>.
 """
+
 import os
 import sys
 import time

@@ -2,16 +2,18 @@
 
 Run with KERASDIST_TIMELINE set: the test reads when each step's buckets were queued.
 """
-import numpy as np
+
 import keras
+import numpy as np
 
 import kerasdist as kd
 
 kd.init()
 WIDTH, LAYERS, BATCH, STEPS = 512, 6, 512, 12
 keras.utils.set_random_seed(kd.rank())
-model = keras.Sequential([keras.Input((WIDTH,))] + [keras.layers.Dense(WIDTH, activation="relu")
-                                                     for _ in range(LAYERS)])
+model = keras.Sequential(
+    [keras.Input((WIDTH,))] + [keras.layers.Dense(WIDTH, activation="relu") for _ in range(LAYERS)]
+)
 model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(1e-3)), loss="mse")
 x = np.random.default_rng(kd.rank()).normal(size=(BATCH * STEPS, WIDTH)).astype("float32")
 model.fit(x, x, batch_size=BATCH, epochs=1, verbose=0, callbacks=kd.callbacks())

@@ -2,6 +2,7 @@
 
 Expected: the whole job ends quickly, non-zero, with rank 1's traceback.
 """
+
 import os
 import sys
 import time

@@ -2,6 +2,7 @@
 
 Expected: the whole job ends quickly with a non-zero status.
 """
+
 import os
 import signal
 import time

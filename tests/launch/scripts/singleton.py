@@ -1,6 +1,7 @@
 """The whole public API in a plain `python singleton.py` (an MPI world of one):
 every collective is the identity. Prints SINGLETON_OK at the end; any failed
 check raises."""
+
 import numpy as np
 import tensorflow as tf
 
@@ -69,24 +70,36 @@ same(v.read_value(), tf.constant([1.0, 2.0]))
 
 @tf.function
 def in_function(t):
-    return (kd.allreduce(t, op=kd.Sum), kd.allgather(t), kd.broadcast(t, 0),
-            kd.reducescatter(t, op=kd.Sum), kd.alltoall(t))
+    return (
+        kd.allreduce(t, op=kd.Sum),
+        kd.allgather(t),
+        kd.broadcast(t, 0),
+        kd.reducescatter(t, op=kd.Sum),
+        kd.alltoall(t),
+    )
 
 
 for out in in_function(x):
     same(out, x)
 
 w = tf.constant([[0.5, 1.0], [2.0, -1.0]])
-for forward in (lambda t: kd.allreduce(t, op=kd.Sum), lambda t: kd.allreduce(t, op=kd.Average),
-                kd.allgather, lambda t: kd.broadcast(t, 0),
-                lambda t: kd.reducescatter(t, op=kd.Sum)):
+for forward in (
+    lambda t: kd.allreduce(t, op=kd.Sum),
+    lambda t: kd.allreduce(t, op=kd.Average),
+    kd.allgather,
+    lambda t: kd.broadcast(t, 0),
+    lambda t: kd.reducescatter(t, op=kd.Sum),
+):
     with tf.GradientTape() as tape:
         tape.watch(x)
         loss = tf.reduce_sum(w * forward(x))
     same(tape.gradient(loss, x), w)
 
-for bad in (lambda: kd.broadcast(x, root_rank=1), lambda: kd.allgather(tf.constant(1.0)),
-            lambda: kd.alltoall(x, splits=[1])):
+for bad in (
+    lambda: kd.broadcast(x, root_rank=1),
+    lambda: kd.allgather(tf.constant(1.0)),
+    lambda: kd.alltoall(x, splits=[1]),
+):
     try:
         bad()
     except tf.errors.InvalidArgumentError:

@@ -5,6 +5,7 @@ stall warning naming rank 1, then rank 0's allreduce fails with an error that
 names the tensor; rank 1 outlives the timeout; the job then ends (the library
 may abort it at exit, since the engine gave up on a negotiation).
 """
+
 import os
 import time
 

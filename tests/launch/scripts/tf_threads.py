@@ -6,6 +6,7 @@ Usage: tf_threads.py [--ops_first] [--user_inter_op N]
 Each rank prints one line: TF_THREADS {"affinity": [...], "intra": n, "inter": n}
 (0 = TensorFlow's own default).
 """
+
 import json
 import os
 import sys
@@ -21,8 +22,10 @@ if "--user_inter_op" in sys.argv:
 if "--ops_first" in sys.argv:
     tf.ones(2) + 1
 kd.init()
-report = {"affinity": sorted(os.sched_getaffinity(0)),
-          "intra": tf.config.threading.get_intra_op_parallelism_threads(),
-          "inter": tf.config.threading.get_inter_op_parallelism_threads()}
+report = {
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "intra": tf.config.threading.get_intra_op_parallelism_threads(),
+    "inter": tf.config.threading.get_inter_op_parallelism_threads(),
+}
 print("TF_THREADS " + json.dumps(report), flush=True)
 kd.barrier()

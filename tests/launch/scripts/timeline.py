@@ -3,6 +3,7 @@
 A "{rank}" in KERASDIST_TIMELINE is replaced by the launcher's rank before init(), so every rank
 gets a path of its own and a rank other than 0 that wrote a timeline would leave a file.
 """
+
 import os
 
 rank_from_launcher = os.environ.get("PMI_RANK", os.environ.get("OMPI_COMM_WORLD_RANK", "0"))

@@ -11,6 +11,7 @@ FIT {"rank": 0, "size": n, "max_weight_difference": ..., "largest_update": ..., 
 (largest_update: how far training moved the weights, so that a run that changed nothing
 cannot pass). Every rank prints FIT {"rank": r, "weights_digest": ...} to show all end equal.
 """
+
 import hashlib
 import json
 import sys
@@ -33,8 +34,13 @@ y = (x[:, :CLASSES] + 0.3 * rng.normal(size=(len(x), CLASSES))).argmax(axis=1)
 
 def make_model():
     keras.utils.set_random_seed(3)
-    return keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(32, activation="relu"),
-                             keras.layers.Dense(CLASSES, activation="softmax")])
+    return keras.Sequential(
+        [
+            keras.Input((FEATURES,)),
+            keras.layers.Dense(32, activation="relu"),
+            keras.layers.Dense(CLASSES, activation="softmax"),
+        ]
+    )
 
 
 def optimizer():
@@ -45,8 +51,9 @@ model = make_model()
 initial = [w.copy() for w in model.get_weights()]
 model.compile(kd.DistributedOptimizer(optimizer()), loss="sparse_categorical_crossentropy")
 shard_x, shard_y = kd.data.shard((x, y), batch_size=PER_RANK_BATCH)
-history = model.fit(shard_x, shard_y, batch_size=PER_RANK_BATCH, epochs=EPOCHS, shuffle=False, verbose=0,
-                    callbacks=kd.callbacks())
+history = model.fit(
+    shard_x, shard_y, batch_size=PER_RANK_BATCH, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=kd.callbacks()
+)
 weights = model.get_weights()
 digest = hashlib.sha256(b"".join(w.tobytes() for w in weights)).hexdigest()
 report = {"rank": rank, "weights_digest": digest}
@@ -54,10 +61,12 @@ if rank == 0:
     reference = make_model()
     reference.set_weights(initial)
     reference.compile(optimizer(), loss="sparse_categorical_crossentropy")
-    reference_history = reference.fit(x, y, batch_size=size * PER_RANK_BATCH, epochs=EPOCHS, shuffle=False,
-                                      verbose=0)
-    report.update(size=size,
-                  max_weight_difference=max(float(np.abs(a - b).max()) for a, b in zip(weights, reference.get_weights())),
-                  largest_update=max(float(np.abs(a - b).max()) for a, b in zip(weights, initial)),
-                  loss=history.history["loss"], reference_loss=reference_history.history["loss"])
+    reference_history = reference.fit(x, y, batch_size=size * PER_RANK_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    report.update(
+        size=size,
+        max_weight_difference=max(float(np.abs(a - b).max()) for a, b in zip(weights, reference.get_weights())),
+        largest_update=max(float(np.abs(a - b).max()) for a, b in zip(weights, initial)),
+        loss=history.history["loss"],
+        reference_loss=reference_history.history["loss"],
+    )
 sys.stdout.write("FIT " + json.dumps(report) + "\n")

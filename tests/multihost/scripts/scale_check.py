@@ -5,6 +5,7 @@ Run with a small KERASDIST_FUSION_THRESHOLD and KERASDIST_CACHE_CAPACITY (see
 tests/multihost/test_scale_out.py) so that fusion, splitting, and cache evictions (requests
 falling back from the bit-vector fast path to rank 0's slow path) all happen.
 """
+
 import json
 import sys
 
@@ -37,8 +38,11 @@ for dtype in (tf.int32, tf.int64, tf.float32, tf.float64):
     check(f"Min {dtype.name}", kd.allreduce(sent, op=kd.Min).numpy(), np.ones(5))
     check(f"Max {dtype.name}", kd.allreduce(sent, op=kd.Max).numpy(), np.full(5, SIZE))
 quarters = tf.fill([3], 0.25 * (RANK + 1))
-check("Average float64", kd.allreduce(tf.cast(quarters, tf.float64), op=kd.Average).numpy(),
-      np.full(3, 0.25 * (SIZE + 1) / 2))
+check(
+    "Average float64",
+    kd.allreduce(tf.cast(quarters, tf.float64), op=kd.Average).numpy(),
+    np.full(3, 0.25 * (SIZE + 1) / 2),
+)
 
 # A gradient-like group: small tensors fused, one larger than the threshold split in pieces.
 shapes = [(7,), (3, 5), (1000,), (64, 64), (300_000,)]
@@ -49,12 +53,15 @@ for i, (shape, out) in enumerate(zip(shapes, group)):
 # Other collectives.
 gathered = kd.allgather(tf.fill([RANK + 1, 2], RANK))
 check("allgather", gathered.numpy()[:, 0], np.concatenate([np.full(r + 1, r) for r in range(SIZE)]))
-check("broadcast from the last rank", kd.broadcast(tf.constant([RANK, 7]), root_rank=SIZE - 1).numpy(),
-      [SIZE - 1, 7])
+check("broadcast from the last rank", kd.broadcast(tf.constant([RANK, 7]), root_rank=SIZE - 1).numpy(), [SIZE - 1, 7])
 scattered = kd.reducescatter(tf.reshape(tf.range(2 * SIZE * 3, dtype=tf.float32), [2 * SIZE, 3]), op=kd.Sum)
-check("reducescatter", scattered.numpy(),
-      SIZE * np.arange(2 * SIZE * 3, dtype=np.float32).reshape(2 * SIZE, 3)[2 * RANK:2 * RANK + 2])
+check(
+    "reducescatter",
+    scattered.numpy(),
+    SIZE * np.arange(2 * SIZE * 3, dtype=np.float32).reshape(2 * SIZE, 3)[2 * RANK : 2 * RANK + 2],
+)
 check("alltoall", kd.alltoall(tf.fill([SIZE], RANK)).numpy(), np.arange(SIZE))
+
 
 # Ordering race: many independent allreduces in one step, started in any order on each rank; run
 # several steps so that the later ones take the fast path (or, past the cache capacity, churn).

@@ -5,6 +5,7 @@ Each rank prints one line: TOPOLOGY {"rank", "size", "local_rank", "local_size",
 "cross_size", "host", "affinity", "intra", "inter", "allreduce"} (intra / inter: the pool
 sizes TensorFlow was configured with, 0 meaning its own default).
 """
+
 import json
 import os
 import socket
@@ -16,11 +17,18 @@ import kerasdist as kd
 
 kd.init()
 total = kd.allreduce(tf.constant(float(kd.rank() + 1)), op=kd.Sum)
-report = {"rank": kd.rank(), "size": kd.size(), "local_rank": kd.local_rank(), "local_size": kd.local_size(),
-          "cross_rank": kd.cross_rank(), "cross_size": kd.cross_size(), "host": socket.gethostname(),
-          "affinity": sorted(os.sched_getaffinity(0)),
-          "intra": tf.config.threading.get_intra_op_parallelism_threads(),
-          "inter": tf.config.threading.get_inter_op_parallelism_threads(),
-          "allreduce": float(total.numpy())}
+report = {
+    "rank": kd.rank(),
+    "size": kd.size(),
+    "local_rank": kd.local_rank(),
+    "local_size": kd.local_size(),
+    "cross_rank": kd.cross_rank(),
+    "cross_size": kd.cross_size(),
+    "host": socket.gethostname(),
+    "affinity": sorted(os.sched_getaffinity(0)),
+    "intra": tf.config.threading.get_intra_op_parallelism_threads(),
+    "inter": tf.config.threading.get_inter_op_parallelism_threads(),
+    "allreduce": float(total.numpy()),
+}
 sys.stdout.write("TOPOLOGY " + json.dumps(report) + "\n")
 kd.barrier()
