@@ -8,7 +8,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 RUN_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
 OP_LIBRARY_SOURCES := setup.py $(wildcard kerasdist/csrc/*/*.cc kerasdist/csrc/*/*.h)
 
-.PHONY: venv build test demo bench bench-net clean
+.PHONY: venv build lint test demo bench bench-net clean
 
 venv: $(VENV)/.editable
 
@@ -35,7 +35,12 @@ $(VENV)/.built: $(VENV)/.editable $(OP_LIBRARY_SOURCES)
 # and splitting off: every tensor then takes the engine's unfused path), and the docstring
 # examples (written for any size) at 1 and 2. Each mpiexec is bounded so a hang fails instead
 # of waiting.
-test: build
+# The formatter and linter configured in pyproject.toml; `ruff format . && ruff check --fix .` fixes most.
+lint: venv
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+
+test: lint build
 	$(RUN_ENV) $(PY) -m pytest -q tests
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
