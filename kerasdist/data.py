@@ -311,15 +311,26 @@ def tfds_load(
         ValueError: On every rank, if some rank cannot load the split, or (with `batch_size`)
             the ranks would run different numbers of steps.
 
-    Example (needs the data set prepared in the directory):
+    Example (rank 0 first writes a small data set; yours is prepared once, before training):
 
     ```python
+    import numpy as np
+    import tensorflow as tf
+    import tensorflow_datasets as tfds
     import kerasdist
 
     kerasdist.init()
-    train = kerasdist.data.tfds_load("mnist", "train", "/data/tensorflow_datasets", batch_size=64,
-                                     shuffle_files=True, as_supervised=True)
-    train = train.shuffle(10_000, seed=kerasdist.data.seed_for_rank(0)).batch(64)
+    if kerasdist.rank() == 0:
+        numbers = {"x": np.arange(12, dtype=np.float32), "y": np.arange(12) % 2}
+        tfds.dataset_builders.store_as_tfds_dataset(
+            name="twelve_numbers", version="1.0.0", data_dir="tfds",
+            features=tfds.features.FeaturesDict({"x": np.float32, "y": np.int64}),
+            split_datasets={"train": tf.data.Dataset.from_tensor_slices(numbers)},
+        )
+    kerasdist.barrier()
+    train = kerasdist.data.tfds_load("twelve_numbers", "train", "tfds", batch_size=3, shuffle_files=True)
+    print(int(train.cardinality()) * kerasdist.size())  # 12
+    train = train.shuffle(12, seed=kerasdist.data.seed_for_rank(0)).batch(3)
     ```
     """
     rank, size = _rank_and_size()
