@@ -45,7 +45,9 @@ _EXPORTS = {
             "broadcast",
             "broadcast_object",
             "broadcast_variables",
+            "grouped_allgather",
             "grouped_allreduce",
+            "grouped_reducescatter",
             "reducescatter",
         )
     },

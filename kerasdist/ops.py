@@ -115,7 +115,8 @@ class Compression:
 _calls_per_site = collections.defaultdict(itertools.count)
 _calls_per_site_lock = threading.Lock()
 # Frames that lie between a program's call and the collective: ours and TensorFlow's wrappers.
-_PASS_THROUGH_MODULES = (__name__, "tensorflow.")
+# The Horovod-compatible API is a pass-through too: a name must come from the user's line.
+_PASS_THROUGH_MODULES = (__name__, "tensorflow.", "kerasdist.horovod")
 
 
 # AutoGraph leaves these as written: they hold no tensor-dependent Python control flow, and a
@@ -325,6 +326,33 @@ def allgather(tensor, name=None):
     return _ops().kerasdist_allgather(tensor, tensor_name=name, blocking=tf.executing_eagerly())
 
 
+def _member_names(kind, name, count):
+    """One name per tensor of a grouped call: the group's name (given, or derived from the
+    caller's line) with the tensor's position, so every rank pairs the same members."""
+    base = _tensor_name(kind, name)
+    return [f"{base}.{i}" if base else "" for i in range(count)]
+
+
+@_not_autographed
+def grouped_allgather(tensors, name=None):
+    """`allgather` of each tensor of a list, submitted together.
+
+    Inside a `tf.function` the gathers are negotiated and run as the engine receives them, in
+    one cycle when they are ready together; eagerly they run one after another.
+
+    Example:
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    rows, labels = kerasdist.grouped_allgather([tf.ones([2, 3]), tf.zeros([2], tf.int32)])
+    print(rows.shape.as_list() == [2 * kerasdist.size(), 3], labels.shape.as_list() == [2 * kerasdist.size()])  # True True
+    ```
+    """
+    tensors = list(tensors)
+    return [allgather(t, name=n) for t, n in zip(tensors, _member_names("allgather", name, len(tensors)))]
+
+
 @_not_autographed
 def broadcast(tensor, root_rank, name=None):
     """Every rank receives ``root_rank``'s ``tensor`` (same shape and dtype on all ranks).
@@ -415,10 +443,34 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
 
 
 @_not_autographed
-def alltoall(tensor, splits=None, name=None):
+def grouped_reducescatter(tensors, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0):
+    """`reducescatter` of each tensor of a list, submitted together (see `grouped_allgather`).
+
+    Example:
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    a, b = kerasdist.grouped_reducescatter([tf.ones([kerasdist.size(), 2]), tf.ones([kerasdist.size()])],
+                                           op=kerasdist.Sum)
+    print(a.numpy().tolist() == [[kerasdist.size()] * 2], b.shape.as_list())  # True [1]
+    ```
+    """
+    tensors = list(tensors)
+    return [
+        reducescatter(t, op, n, prescale_factor, postscale_factor)
+        for t, n in zip(tensors, _member_names("reducescatter", name, len(tensors)))
+    ]
+
+
+@_not_autographed
+def alltoall(tensor, splits=None, name=None, return_received_splits=False):
     """Sends ``splits[j]`` rows of ``tensor`` to rank j; returns the rows received, in rank order.
 
-    Without ``splits``, dim 0 must divide evenly by ``size()``.
+    Without ``splits``, dim 0 must divide evenly by ``size()``. With
+    ``return_received_splits=True`` it returns ``(rows, received_splits)``, where
+    ``received_splits[j]`` (int32) is the number of rows that came from rank j: what a caller
+    needs to send the rows back, and what Horovod's ``alltoall`` returns.
 
     Example:
 
@@ -427,11 +479,15 @@ def alltoall(tensor, splits=None, name=None):
     kerasdist.init()
     got = kerasdist.alltoall(tf.fill([kerasdist.size()], kerasdist.rank()))
     print(got.numpy().tolist() == list(range(kerasdist.size())))  # True
+    # rank r sends r + 1 rows to every rank, so every rank receives j + 1 rows from rank j
+    rows, received = kerasdist.alltoall(tf.zeros([kerasdist.size() * (kerasdist.rank() + 1)]),
+                                        splits=[kerasdist.rank() + 1] * kerasdist.size(), return_received_splits=True)
+    print(received.numpy().tolist() == list(range(1, kerasdist.size() + 1)))  # True
     ```
     """
     _refuse_xla("kerasdist.alltoall")
-    output, _ = _alltoall(tensor, splits, name)
-    return output
+    output, received_splits = _alltoall(tensor, splits, name)
+    return (output, received_splits) if return_received_splits else output
 
 
 def _alltoall(tensor, splits, name):

@@ -131,7 +131,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
     Learning rate, `iterations` and loss scaling are the inner optimizer's.
 
     With `backward_passes_per_step=k`, each rank adds up `k` micro-batch gradients locally and
-    only every `k`-th `apply()` reduces their mean and updates the weights: the effective batch is
+    only every `k`-th `apply()` reduces their mean (or, with `average_aggregated_gradients=False`,
+    their sum) and updates the weights: the effective batch is
     (per-rank batch) × ranks × k, and communication drops k-fold. `k` can change while training
     runs (`optimizer.backward_passes_per_step = 4`) without retracing, as long as the optimizer was
     built with `k > 1`; raising it from 1 after the first step creates the accumulators, and the
@@ -148,6 +149,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         compression: `kerasdist.Compression.none` (default), `.fp16` or `.bf16`: the wire format
             of float gradients.
         backward_passes_per_step: micro-batches accumulated per update (default 1).
+        average_aggregated_gradients: whether an update applies the mean of its `k` micro-batch
+            gradients (default True: the gradient of the whole effective batch) or their sum
+            (Horovod's default, k times larger).
         sparse_as_dense: reduce embedding (`IndexedSlices`) gradients as dense tensors instead of
             gathering them; better when most rows are touched every step.
         gradient_noise_scale: a `kerasdist.GradientNoiseScale` to feed from every update; its
@@ -181,6 +185,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         sparse_as_dense=False,
         gradient_noise_scale=None,
         name=None,
+        average_aggregated_gradients=True,
         **kwargs,
     ):
         runtime.init()  # here, not at the first apply(): that runs inside a traced function
@@ -200,6 +205,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
         self._compression_name = _compression_name(compression)
         self.sparse_as_dense = bool(sparse_as_dense)
         self._initial_backward_passes = _check_backward_passes(backward_passes_per_step)
+        self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self._accumulators = None
         self._micro_batch_sq_norms = None
         self.gradient_noise_scale = None
@@ -212,6 +218,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise TypeError(f"gradient_noise_scale={gradient_noise_scale!r}; expected a kerasdist.GradientNoiseScale")
         if self._op_name != "average":
             raise ValueError("the gradient noise scale needs op=kerasdist.Average")
+        if not self.average_aggregated_gradients:
+            raise ValueError("the gradient noise scale needs average_aggregated_gradients=True (mean gradients)")
         if self.built:
             raise ValueError(
                 "attach the GradientNoiseScale before the optimizer's first step, e.g. "
@@ -402,8 +410,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             mean_sq_norm = None
             if self._micro_batch_sq_norms is not None:
                 mean_sq_norm = self._micro_batch_sq_norms / tf.cast(micro_step, tf.float32)
+            divisor = micro_step if self.average_aggregated_gradients else 1
             self._reduce_and_apply(
-                [total / tf.cast(micro_step, total.dtype) for total in sums],
+                [total / tf.cast(divisor, total.dtype) for total in sums],
                 [v for _, v in present],
                 micro_step,
                 mean_sq_norm,
@@ -444,6 +453,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             "compression": self._compression_name,
             "backward_passes_per_step": self.backward_passes_per_step,
             "sparse_as_dense": self.sparse_as_dense,
+            "average_aggregated_gradients": self.average_aggregated_gradients,
             "gradient_noise_scale": None
             if self.gradient_noise_scale is None
             else {"batch_size": self.gradient_noise_scale.batch_size, "ema_decay": self.gradient_noise_scale.ema_decay},

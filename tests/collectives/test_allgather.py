@@ -48,3 +48,18 @@ def test_allgather_of_a_large_tensor():
     got = out.numpy()
     for r in range(SIZE):
         assert np.all(got[r * rows : (r + 1) * rows] == r), f"block of rank {r} is wrong"
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_grouped_allgather_gathers_each_tensor_in_rank_order(mode):
+    dtypes = [tf.float32, tf.int64, tf.bool]
+    shapes = [(2, 3), (4,), (1, 2)]
+    sent = [_sent(dtype, shape, uneven=True, salt=f"group{i}") for i, (dtype, shape) in enumerate(zip(dtypes, shapes))]
+    outs = run(mode, lambda *xs: kd.grouped_allgather(list(xs)), *[as_tensor(s[RANK], d) for s, d in zip(sent, dtypes)])
+    assert len(outs) == 3
+    for out, s, dtype in zip(outs, sent, dtypes):
+        check(out, np.concatenate(s), dtype)
+
+
+def test_grouped_allgather_of_nothing_is_nothing():
+    assert kd.grouped_allgather([]) == []

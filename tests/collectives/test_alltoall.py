@@ -72,3 +72,26 @@ def test_alltoall_when_a_rank_sends_nothing():
     sent, expected = _exchange(tf.int32, (2,), splits_of, salt="none")
     out = kd.alltoall(tf.constant(sent[RANK].reshape(-1, 2), tf.int32), splits=splits_of(RANK))
     check(out, expected.reshape(-1, 2), tf.int32)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_alltoall_returns_the_rows_each_rank_sent_when_asked(mode):
+    sent, expected = _exchange(tf.float32, (2,), _uneven_splits, salt="rs")
+    out, received = run(
+        mode,
+        lambda x, s: kd.alltoall(x, splits=s, return_received_splits=True),
+        tf.constant(sent[RANK], tf.float32),
+        tf.constant(_uneven_splits(RANK), tf.int32),
+    )
+    check(out, expected, tf.float32)
+    assert received.dtype == tf.int32
+    assert received.numpy().tolist() == [_uneven_splits(src)[RANK] for src in range(SIZE)]
+
+
+def test_received_splits_send_the_rows_back():
+    sent, _ = _exchange(tf.float32, (3,), _uneven_splits, salt="back")
+    rows, received = kd.alltoall(
+        tf.constant(sent[RANK], tf.float32), splits=_uneven_splits(RANK), return_received_splits=True
+    )
+    returned = kd.alltoall(rows, splits=received)
+    np.testing.assert_array_equal(returned.numpy(), sent[RANK])

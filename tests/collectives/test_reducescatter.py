@@ -81,3 +81,21 @@ def test_reducescatter_in_tf_function(op_name, dtype):
         exact=not (op_name == "Average" and dtype.is_floating),
         magnitude=max_abs(sent),
     )
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_grouped_reducescatter_reduces_each_tensor_like_reducescatter(mode):
+    dtypes = [tf.float32, tf.int32, tf.float64]
+    shapes = [(SIZE * 2 + 1, 3), (SIZE,), (5,)]
+    sent = [
+        [rank_values(r, dtype, shape, salt=f"g{i}") for r in range(SIZE)]
+        for i, (dtype, shape) in enumerate(zip(dtypes, shapes))
+    ]
+    outs = run(
+        mode,
+        lambda *xs: kd.grouped_reducescatter(list(xs), op=kd.Sum),
+        *[as_tensor(s[RANK], dtype) for s, dtype in zip(sent, dtypes)],
+    )
+    assert len(outs) == 3
+    for out, s, dtype in zip(outs, sent, dtypes):
+        check(out, _expected_rows(s, "Sum", dtype), dtype)

@@ -687,3 +687,29 @@ def test_a_saved_model_loads_without_kerasdist(tmp_path):
     )
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "LOADED" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_accumulated_micro_batches_are_averaged_or_summed_as_asked(average):
+    # Rank r's micro-batch m has gradient (r + 1) * (m + 1); k = 2 micro-batches per update.
+    lr, k = 0.5, 2
+    variable = tf.Variable([1.0, -2.0])
+    optimizer = kd.DistributedOptimizer(
+        keras.optimizers.SGD(lr), backward_passes_per_step=k, average_aggregated_gradients=average
+    )
+    for micro_batch in range(k):
+        optimizer.apply([tf.constant([1.0, 2.0]) * (RANK + 1) * (micro_batch + 1)], [variable])
+    rank_sums = [sum((r + 1) * (m + 1) for m in range(k)) for r in range(SIZE)]
+    per_update = np.mean(rank_sums) / (k if average else 1)
+    np.testing.assert_allclose(variable.numpy(), np.array([1.0, -2.0]) - lr * per_update * np.array([1.0, 2.0]))
+    assert optimizer.get_config()["average_aggregated_gradients"] is average
+
+
+def test_summed_micro_batches_refuse_the_gradient_noise_scale():
+    with pytest.raises(ValueError, match="average_aggregated_gradients=True"):
+        kd.DistributedOptimizer(
+            keras.optimizers.SGD(0.1),
+            backward_passes_per_step=2,
+            average_aggregated_gradients=False,
+            gradient_noise_scale=kd.GradientNoiseScale(),
+        )
