@@ -346,7 +346,8 @@ def grouped_allgather(tensors, name=None):
     import tensorflow as tf, kerasdist
     kerasdist.init()
     rows, labels = kerasdist.grouped_allgather([tf.ones([2, 3]), tf.zeros([2], tf.int32)])
-    print(rows.shape.as_list() == [2 * kerasdist.size(), 3], labels.shape.as_list() == [2 * kerasdist.size()])  # True True
+    n = 2 * kerasdist.size()
+    print(rows.shape.as_list() == [n, 3], labels.shape.as_list() == [n])  # True True
     ```
     """
     tensors = list(tensors)
