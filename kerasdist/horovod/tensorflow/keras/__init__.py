@@ -1,0 +1,123 @@
+"""`horovod.tensorflow.keras` (Horovod 0.28) on kerasdist: `import kerasdist.horovod.tensorflow.keras as hvd`.
+
+Example:
+
+```python
+import keras
+import numpy as np
+import kerasdist.horovod.tensorflow.keras as hvd
+
+hvd.init()
+model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size())), loss="mse")
+callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+history = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, callbacks=callbacks, verbose=0)
+print(float(hvd.allreduce(np.float32(hvd.rank()), op=hvd.Sum)) == sum(range(hvd.size())))  # True
+```
+"""
+
+import keras
+import tensorflow as tf
+
+from kerasdist.horovod import tensorflow as _hvd
+from kerasdist.horovod.tensorflow import (  # noqa: F401 (Horovod's Keras module re-exports these)
+    Average,
+    Compression,
+    Sum,
+    ccl_built,
+    cross_rank,
+    cross_size,
+    cuda_built,
+    ddl_built,
+    global_process_set,
+    gloo_built,
+    gloo_enabled,
+    init,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
+    rank,
+    rocm_built,
+    shutdown,
+    size,
+)
+from kerasdist.horovod.tensorflow.keras import callbacks  # noqa: F401
+
+
+def __getattr__(name):
+    return _hvd.__getattr__(name)  # SyncBatchNormalization, and the names kerasdist does not offer
+
+
+def DistributedOptimizer(
+    optimizer,
+    name=None,
+    device_dense="",
+    device_sparse="",
+    compression=Compression.none,
+    sparse_as_dense=False,
+    gradient_predivide_factor=1.0,
+    op=Average,
+    backward_passes_per_step=1,
+    average_aggregated_gradients=False,
+    num_groups=0,
+    groups=None,
+    process_set=global_process_set,
+    scale_local_gradients=True,
+):
+    """Horovod's Keras `DistributedOptimizer` (argument order as in `horovod.tensorflow.keras`)."""
+    return _hvd.DistributedOptimizer(
+        optimizer,
+        name=name,
+        compression=compression,
+        sparse_as_dense=sparse_as_dense,
+        backward_passes_per_step=backward_passes_per_step,
+        op=op,
+        gradient_predivide_factor=gradient_predivide_factor,
+        average_aggregated_gradients=average_aggregated_gradients,
+        num_groups=num_groups,
+        groups=groups,
+        process_set=process_set,
+        scale_local_gradients=scale_local_gradients,
+    )
+
+
+# Horovod's Keras collectives take tensor-compatible values and return NumPy values.
+def allreduce(
+    value, name=None, average=None, prescale_factor=1.0, postscale_factor=1.0, op=None, compression=Compression.none
+):
+    return _hvd.allreduce(
+        tf.constant(value), average, "", "", compression, op, prescale_factor, postscale_factor, name
+    ).numpy()
+
+
+def allgather(value, name=None):
+    return _hvd.allgather(tf.constant(value), name).numpy()
+
+
+def broadcast(value, root_rank, name=None):
+    return _hvd.broadcast(tf.constant(value), root_rank, name).numpy()
+
+
+def reducescatter(value, name=None, op=Average):
+    return _hvd.reducescatter(tf.constant(value), op=op, name=name).numpy()
+
+
+def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, legacy_opts=False):
+    """Loads a `.keras` file; an optimizer saved as a `kerasdist.DistributedOptimizer` comes back as one.
+
+    Horovod rewrapped the saved optimizer; Keras 3 files name `kerasdist>DistributedOptimizer`
+    themselves, so a model saved from a kerasdist (or this module's) optimizer resumes as it was.
+    A model saved with a plain optimizer is refused rather than silently trained unaveraged.
+    """
+    model = keras.saving.load_model(filepath, custom_objects=custom_objects)
+    if model.optimizer is not None and not isinstance(model.optimizer, _hvd._KerasdistOptimizer):
+        raise ValueError(
+            f"{filepath} was saved with a {type(model.optimizer).__name__} optimizer, not a DistributedOptimizer: "
+            "load it with keras.saving.load_model(path, compile=False) and compile it with "
+            "hvd.DistributedOptimizer(...)"
+        )
+    return model
