@@ -110,3 +110,15 @@ def test_synthetic_benchmark_reports_its_throughput(tmp_path, ranks):
     results = [json.loads(line) for line in job.lines_with("RESULT ")]
     assert len(results) == 1, "one RESULT line, from rank 0" + job.describe()
     assert results[0]["ranks"] == ranks and results[0]["images_per_second"] > 0, job.describe()
+
+
+def test_a_horovod_script_with_only_its_import_changed_trains_as_well_as_our_own(tmp_path):
+    # The bar keras_digits.py is held to (0.95 on the same split); rank 0 alone checkpoints and
+    # evaluates, the pattern that hangs when those calls are collectives.
+    checkpoints = tmp_path / "checkpoints"
+    job = launch("horovod_keras_digits.py", f"--checkpoint_dir={checkpoints}", tmp_path=tmp_path)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    results = re.findall(r"^2 worker\(s\): test accuracy ([0-9.]+)", job.output, re.MULTILINE)
+    assert len(results) == 1 and float(results[0]) >= 0.95, job.describe()
+    assert "finished gradual learning rate warmup to 0.04" in job.output, job.describe()
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(f"checkpoint-{e}.keras" for e in range(1, 21))
