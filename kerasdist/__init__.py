@@ -51,6 +51,7 @@ _EXPORTS = {
     },
     **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
     "GradientNoiseScale": "kerasdist.batch_growth.noise_scale",
+    "SyncBatchNormalization": "kerasdist.layers",
 }
 _SUBMODULES = (
     "batch_growth",
@@ -58,6 +59,7 @@ _SUBMODULES = (
     "curvature",
     "data",
     "estimator",
+    "layers",
     "learning_rate",
     "models",
     "optimizers",
