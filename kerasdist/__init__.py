@@ -53,6 +53,7 @@ _EXPORTS = {
     },
     **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
     "GradientNoiseScale": "kerasdist.batch_growth.noise_scale",
+    "SyncBatchNormalization": "kerasdist.layers",
 }
 _SUBMODULES = (
     "batch_growth",
@@ -60,6 +61,7 @@ _SUBMODULES = (
     "curvature",
     "data",
     "estimator",
+    "layers",
     "learning_rate",
     "models",
     "optimizers",
