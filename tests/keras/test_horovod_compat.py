@@ -227,3 +227,8 @@ def test_the_keras_module_offers_what_horovod_scripts_call():
     assert hvd.size() == kd.size() and hvd.local_rank() == kd.local_rank()
     assert hvd.Compression.fp16 is kd.Compression.fp16
     assert not hvd.gloo_built() and hvd.mpi_built()
+
+
+def test_sync_batch_normalization_is_kerasdists_layer():
+    assert hvd.SyncBatchNormalization is kd.SyncBatchNormalization
+    assert hvd_tf.SyncBatchNormalization is kd.layers.SyncBatchNormalization
