@@ -46,6 +46,7 @@ _EXPORTS = {
             "broadcast_object",
             "broadcast_variables",
             "grouped_allreduce",
+            "join",
             "reducescatter",
         )
     },
