@@ -97,6 +97,20 @@ def test_a_fused_group_of_mixed_dtypes_reduces_over_the_ranks_still_running(op_n
             )
 
 
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_a_compressed_allreduce_reduces_over_the_ranks_still_running(compression):
+    steps_of = lambda r: r + 1  # noqa: E731
+    got = [
+        kd.allreduce(tf.constant([float(RANK + 1), -2.0]), op=kd.Sum, compression=getattr(kd.Compression, compression))
+        for _ in range(steps_of(RANK))
+    ]
+    kd.join()
+    for step, out in enumerate(got):
+        running = _running(step, steps_of)
+        assert out.dtype == tf.float32
+        np.testing.assert_array_equal(out.numpy(), [sum(r + 1 for r in running), -2.0 * len(running)])
+
+
 def test_join_resets_so_the_next_epoch_can_join_again():
     epochs = [lambda r: r + 1, lambda r: SIZE - r]
     got, lasts = [], []
