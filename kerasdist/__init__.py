@@ -48,6 +48,7 @@ _EXPORTS = {
             "grouped_allgather",
             "grouped_allreduce",
             "grouped_reducescatter",
+            "join",
             "reducescatter",
         )
     },

@@ -8,6 +8,7 @@ the global objective is the sum of the per-rank losses.
 """
 
 import collections
+import ctypes
 import enum
 import itertools
 import os
@@ -613,6 +614,67 @@ def barrier(name=None):
         reduce_op=int(Sum),
         blocking=tf.executing_eagerly(),
     )
+
+
+# The engine's StatusCode values (common.h) as TensorFlow errors.
+_ERRORS = {
+    1: tf.errors.InvalidArgumentError,
+    2: tf.errors.FailedPreconditionError,
+    3: tf.errors.AbortedError,
+    4: tf.errors.DeadlineExceededError,
+    5: tf.errors.InternalError,
+}
+
+
+def join():
+    """Declares that this rank has no more data, and returns once every rank has called it.
+
+    A rank whose data runs out first calls ``join()``. Until every rank has joined, the joined
+    ranks take part in the other ranks' allreduces with zeros, so those ranks keep training:
+
+    - ``Sum`` adds the values of the ranks that submitted the allreduce;
+    - ``Average`` divides that sum by the number of those ranks (not by ``size()``), so averaged
+      gradients stay averages over the batches actually seen (integers truncate, as always).
+      Horovod divides by ``size()``; ``op=Sum, postscale_factor=1 / size()`` gives its rule;
+    - ``Min``, ``Max`` and ``Product``, and every other collective (allgather, broadcast,
+      alltoall, reducescatter, the object collectives) fail with
+      ``tf.errors.FailedPreconditionError`` naming the op and the joined ranks on every rank that
+      called them: a joined rank has nothing to contribute to them.
+
+    Once every rank has joined, nobody is joined any more: call it again at the end of the
+    next epoch. It also restarts the per-line counts that name unnamed eager collectives, which
+    differ between ranks that ran different numbers of steps. Eager only: inside a
+    ``tf.function`` it raises ``RuntimeError``.
+
+    Returns:
+      The rank that joined last, as an int (the same on every rank).
+
+    Example:
+
+    ```python
+    import tensorflow as tf, kerasdist
+    kerasdist.init()
+    for step in range(kerasdist.rank() + 1):  # rank r has r + 1 batches
+        total = kerasdist.allreduce(tf.constant(1.0), op=kerasdist.Sum)
+    last = kerasdist.join()
+    print(last == kerasdist.size() - 1)  # True
+    print(float(total) == kerasdist.size() - kerasdist.rank())  # True
+    ```
+    """
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            "kerasdist.join() runs eagerly only: call it outside tf.function, after this rank's last step"
+        )
+    state = runtime.state()
+    last = ctypes.c_int(-1)
+    error = ctypes.create_string_buffer(2048)
+    code = state.engine.kerasdist_join(ctypes.byref(last), error, len(error))
+    if code:
+        raise _ERRORS.get(code, tf.errors.UnknownError)(None, None, error.value.decode(errors="replace"))
+    # Every rank is past its last step: unnamed eager calls pair up by their count again.
+    with _calls_per_site_lock:
+        _calls_per_site.clear()
+    return int(last.value)
 
 
 # Gradients. With loss = sum over ranks of loss_r, each rank's input feeds every rank's output.

@@ -104,6 +104,7 @@ def init():
             ctypes.c_int,
         ]
         engine.kerasdist_submit_failure.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
+        engine.kerasdist_join.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int]
         error = ctypes.create_string_buffer(1024)
         settings = engine_settings(knobs)
         names = (ctypes.c_char_p * len(settings))(*(name.encode() for name, _ in settings))

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <map>
 #include <set>
 #include <string>
@@ -114,6 +115,29 @@ void kerasdist_submit_failure(const char* name, int op_kind, const char* message
   request.kind = static_cast<kerasdist::OpKind>(op_kind);
   request.error = message;
   kerasdist::Engine::Get().SubmitFailure(std::move(request));
+}
+
+// Blocks until every rank has joined (see Engine: joined ranks take part in the others'
+// allreduces with zeros meanwhile); writes the rank that joined last. Returns 0, or the failing
+// StatusCode with a message in `error`. Python calls it with the GIL released (ctypes).
+int kerasdist_join(int* last_joined_rank, char* error, int error_size) {
+  kerasdist::Request request;
+  request.name = "kerasdist.join";
+  request.kind = kerasdist::OpKind::kJoin;
+  request.blocking = true;  // the caller waits for it alone
+  int32_t last = -1;
+  std::promise<kerasdist::Status> finished;
+  std::future<kerasdist::Status> result = finished.get_future();
+  kerasdist::Status status = kerasdist::Engine::Get().Enqueue(
+      std::move(request), {}, {&last}, nullptr, nullptr,
+      [&finished](const kerasdist::Status& s) { finished.set_value(s); });
+  if (status.ok()) status = result.get();
+  if (!status.ok()) {
+    Fail(status.message, error, error_size);
+    return static_cast<int>(status.code);
+  }
+  *last_joined_rank = last;
+  return 0;
 }
 
 // 1 when the engine gave up waiting for other ranks: its communicator is then unusable.

@@ -36,6 +36,7 @@ const char* OpKindName(OpKind kind) {
     case OpKind::kBroadcast: return "broadcast";
     case OpKind::kReducescatter: return "reducescatter";
     case OpKind::kAlltoall: return "alltoall";
+    case OpKind::kJoin: return "join";
   }
   return "unknown";
 }

@@ -18,6 +18,7 @@ enum class DataType : uint8_t {
 };
 enum class OpKind : uint8_t {
   kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kReducescatter = 3, kAlltoall = 4,
+  kJoin = 5,  // this rank has no more data (kerasdist.join); never cached, never fused
 };
 enum class ReduceOp : uint8_t { kAverage = 0, kSum = 1, kMin = 2, kMax = 3, kProduct = 4 };
 
@@ -85,6 +86,14 @@ struct Response {
   int32_t cache_id = -1;                 // >= 0 when later repeats may take the fast path
   std::vector<int64_t> rank_rows;        // allgather: dim 0 of every rank
   std::vector<int64_t> alltoall_rows;    // alltoall: size x size, [src * size + dst] rows
+  // While some ranks have joined: an allreduce that the joined ranks never submitted runs with
+  // zeros from them. `zero_ranks` are those ranks, `spec` the request they run (WriteRequest
+  // bytes of a rank that did submit it), `contributors` the ranks whose data went in (Average
+  // divides by it). 0 contributors: every rank's data went in.
+  int32_t contributors = 0;
+  std::vector<int64_t> zero_ranks;
+  std::string spec;
+  int32_t last_joined_rank = -1;  // join: the rank whose join came last
 };
 
 // Memory the front end owns, lent to the engine for fused allreduces. The results stay in it

@@ -85,6 +85,10 @@ class Engine {
     Clock::time_point enqueued;
     bool reported = false;  // sent to rank 0 through the slow path
     Status status;          // first failure while running
+    // A joined rank's stand-in for another rank's allreduce: zeros in, result dropped.
+    bool zeros = false;
+    std::vector<char> zero_input, zero_output;
+    int contributors = 0;   // ranks whose data an Average divides by; set when it runs
   };
   struct Ready {
     Entry* entry;
@@ -117,7 +121,11 @@ class Engine {
   std::string MissingRanks();
   bool SlowPath(const std::vector<int32_t>& invalidations, std::vector<Ready>* ready);
   void CoordinatorStep(const std::vector<std::vector<char>>& messages, std::vector<int32_t>* evicted, std::vector<Response>* responses);
-  Response Validate(const std::string& name, const std::vector<std::unique_ptr<Request>>& by_rank);
+  Response Validate(const std::string& name, const std::vector<const Request*>& by_rank);
+  // Rank 0: the response for a name every rank that has not joined has sent.
+  Response Complete(const std::string& name, std::vector<int32_t>* evicted);
+  // A joined rank's entry for `response`, which it runs with zeros (null if it cannot).
+  std::unique_ptr<Entry> ZeroEntry(const Response& response);
   int32_t AssignCacheId(std::vector<int32_t>* evicted);
   void ApplyCacheChanges(const std::vector<int32_t>& evicted, const std::vector<Response>& responses);
   void Execute(std::vector<Ready>& ready);
@@ -132,8 +140,9 @@ class Engine {
   Status RunBroadcast(Entry* e);
   Status RunReducescatter(Entry* e);
   Status RunAlltoall(Entry* e, const Response& r);
-  // What a reduced output is multiplied by: its postscale, divided by size for a float Average.
-  double FinishScale(const Request& request, DataType dtype) const;
+  // What a reduced output is multiplied by: its postscale, divided by the contributing ranks
+  // (size, unless some have joined) for a float Average.
+  double FinishScale(const Entry& e, DataType dtype) const;
   void FinishAllreduceOutput(Entry* e, int index, void* out, int64_t count);
   void Finish(Entry* e, const Status& status);
   void FailAllPending(const Status& status);
@@ -184,6 +193,15 @@ class Engine {
   std::atomic<bool> timed_out_{false};
   std::vector<int64_t> peer_cycle_;  // last reply per rank: the cycle it waits in, or -1 if idle
   Timeline timeline_;
+  // Join (kerasdist.join). Rank 0 decides who has joined and sends the list with every slow-path
+  // answer, so every rank knows it from the same cycle on; while it is non-empty, every request
+  // goes through the slow path (rank 0 must see who sent what), and the fast path is untouched
+  // for jobs that never join. Engine thread only.
+  std::vector<bool> joined_;       // by rank
+  bool any_joined_ = false;
+  int32_t last_joined_ = -1;       // rank 0
+  std::string join_name_;          // rank 0: the name the joins came with
+  std::vector<std::unique_ptr<Entry>> zero_entries_;  // this cycle's stand-ins
 };
 
 void Log(int level, const char* fmt, ...);

@@ -47,6 +47,10 @@ void WriteResponse(ByteWriter& w, const Response& r) {
   w.Put<int32_t>(r.cache_id);
   w.PutInts(r.rank_rows);
   w.PutInts(r.alltoall_rows);
+  w.Put<int32_t>(r.contributors);
+  w.PutInts(r.zero_ranks);
+  w.PutString(r.spec);
+  w.Put<int32_t>(r.last_joined_rank);
 }
 
 Response ReadResponse(ByteReader& in) {
@@ -57,6 +61,10 @@ Response ReadResponse(ByteReader& in) {
   r.cache_id = in.Get<int32_t>();
   r.rank_rows = in.GetInts();
   r.alltoall_rows = in.GetInts();
+  r.contributors = in.Get<int32_t>();
+  r.zero_ranks = in.GetInts();
+  r.spec = in.GetString();
+  r.last_joined_rank = in.Get<int32_t>();
   return r;
 }
 
