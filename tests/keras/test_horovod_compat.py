@@ -232,3 +232,8 @@ def test_the_keras_module_offers_what_horovod_scripts_call():
 def test_sync_batch_normalization_is_kerasdists_layer():
     assert hvd.SyncBatchNormalization is kd.SyncBatchNormalization
     assert hvd_tf.SyncBatchNormalization is kd.layers.SyncBatchNormalization
+
+
+def test_join_returns_the_rank_that_joined_last_the_same_on_every_rank():
+    last = hvd_tf.join()
+    assert last in range(SIZE) and hvd_tf.allgather_object(last) == [last] * SIZE
