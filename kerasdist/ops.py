@@ -685,8 +685,18 @@ def _allreduce_grad(op, *grads):
     reduce_op = ReduceOp(op.get_attr("reduce_op"))
     if reduce_op not in (Sum, Average):
         raise ValueError(f"kerasdist.allreduce with op={reduce_op.name} has no gradient; use Sum or Average")
-    prescale, postscale, _ = op.inputs[-3:]
-    summed = grouped_allreduce(list(grads), reduce_op, prescale_factor=prescale, postscale_factor=postscale)
+    prescale, postscale, name_input = op.inputs[-3:]
+    # A named forward allreduce names its gradient after itself: an unnamed one would take its
+    # graph node name, which can differ between ranks (Keras's automatic layer names).
+    forward_name = tf.get_static_value(name_input)  # bytes eagerly, a 0-d array in a graph
+    forward_name = "" if forward_name is None else np.asarray(forward_name).item().decode()
+    summed = grouped_allreduce(
+        list(grads),
+        reduce_op,
+        name=f"{forward_name}.grad" if forward_name else None,
+        prescale_factor=prescale,
+        postscale_factor=postscale,
+    )
     return summed + [None, None, None]
 
 

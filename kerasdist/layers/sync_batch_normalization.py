@@ -1,9 +1,17 @@
 """SyncBatchNormalization: batch normalization over the global batch of all ranks."""
 
+import itertools
+
 import keras
 import tensorflow as tf
 
 from kerasdist import ops, runtime
+
+# Inside a tf.function an unnamed collective takes its graph node name, which holds Keras's
+# automatic model and layer names; those count every model a process built, so a rank that built
+# one more (an evaluation model on rank 0) would name the same layer's allreduce differently.
+# Layers are numbered by the order in which they are built instead.
+_built_layers = itertools.count()
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
@@ -21,7 +29,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
     Everything else is `BatchNormalization`'s: the arguments, inference (moving statistics, no
     collective), float16/bfloat16 inputs (statistics in float32), masks (a masked-out position
     counts on no rank), renorm. In a world of one it is `BatchNormalization` exactly. Every rank
-    must call the layer in training the same number of times, as for any collective; it does not
+    must call the layer in training the same number of times, and build its SyncBatchNormalization
+    layers in the same order (their allreduces are numbered by it), as for any collective; it does not
     run under XLA (`jit_compile=True`), which `kerasdist.callbacks()` switches off for `fit`.
 
     Args:
@@ -51,6 +60,10 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             )
         super().__init__(**kwargs)
 
+    def build(self, input_shape):
+        super().build(input_shape)
+        self._statistics_name = f"SyncBatchNormalization.{next(_built_layers)}"
+
     def get_config(self):
         config = super().get_config()
         config.pop("synchronized", None)
@@ -77,7 +90,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         count, local_mean, local_variance = (tf.cast(t, tf.float64) for t in (count, local_mean, local_variance))
         local_sum = count * local_mean
         local_squares = count * local_variance + local_sum * local_mean
-        total = ops.allreduce(tf.stack([count, local_sum, local_squares]), op=ops.Sum)
+        name = None if tf.executing_eagerly() else self._statistics_name  # eagerly: named by call site
+        total = ops.allreduce(tf.stack([count, local_sum, local_squares]), op=ops.Sum, name=name)
         count, total_sum, total_squares = tf.unstack(total)
         mean = tf.math.divide_no_nan(total_sum, count)
         variance = tf.maximum(tf.math.divide_no_nan(total_squares - total_sum * mean, count), 0.0)
