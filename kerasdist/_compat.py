@@ -45,6 +45,12 @@ _auto_control_deps = _private(
     "keeping kerasdist's collectives out of tf.function's program order",
 )
 _control_flow_util = _private("tensorflow.python.ops", "control_flow_util", "refusing XLA-compiled functions")
+# The graphs that tf.cond and tf.while_loop trace their branches and bodies into.
+_ControlFlowFuncGraph = _private(
+    "tensorflow.python.ops.control_flow_v2_func_graphs",
+    "ControlFlowFuncGraph",
+    "naming collectives inside tf.cond and tf.while_loop by their function",
+)
 SummaryMetadata = _private(
     "tensorflow.core.framework.summary_pb2",
     "SummaryMetadata",
@@ -72,6 +78,15 @@ def order_insensitive_op_types():
 def in_xla_context():
     """True while tracing a function compiled with jit_compile=True (or called from one)."""
     return _control_flow_util.GraphOrParentsInXlaContext(tf.compat.v1.get_default_graph())
+
+
+def enclosing_function_graph():
+    """The graph of the `tf.function` being traced: past the branch and body graphs of
+    `tf.cond` and `tf.while_loop`, which trace into graphs of their own."""
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(graph, _ControlFlowFuncGraph):
+        graph = graph.outer_graph
+    return graph
 
 
 def set_initial_epoch(model, epoch):

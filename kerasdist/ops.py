@@ -1,8 +1,8 @@
 """Collectives on TensorFlow tensors, eager or inside ``tf.function``, and on Python objects.
 
 Each call becomes one request to the engine, identified by a name that must match across
-ranks: inside a graph the op's node name; in eager mode (or ``name=``) the place it was called
-from and a count of the calls made there. A call one rank cannot make (bad input) fails on that
+ranks: ``name=``, or the place it was called from and a count of the calls made there (per trace
+inside a ``tf.function``). A call one rank cannot make (bad input) fails on that
 rank at once and, through the engine, on the others too. Gradients follow the convention that
 the global objective is the sum of the per-rank losses.
 """
@@ -16,6 +16,7 @@ import pickle
 import struct
 import sys
 import threading
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -114,10 +115,12 @@ class Compression:
 
 
 _calls_per_site = collections.defaultdict(itertools.count)
+_calls_per_graph_site = weakref.WeakKeyDictionary()
 _calls_per_site_lock = threading.Lock()
 # Frames that lie between a program's call and the collective: ours and TensorFlow's wrappers.
 # The Horovod-compatible API is a pass-through too: a name must come from the user's line.
 _PASS_THROUGH_MODULES = (__name__, "tensorflow.", "kerasdist.horovod")
+_AUTOGRAPH_FILE_PREFIX = "__autograph_generated_file"
 
 
 # AutoGraph leaves these as written: they hold no tensor-dependent Python control flow, and a
@@ -127,30 +130,41 @@ _not_autographed = tf.autograph.experimental.do_not_convert
 
 
 def _tensor_name(kind, name):
-    """The name every rank gives this call; '' lets the kernel use its graph node name.
+    """The name every rank gives this call, unless `name` is given.
 
-    An unnamed eager call is named after the line that made it and the number of calls made
-    there before: `allreduce@train.py:12#0`. Calls from different lines never pair, so an extra
-    call on one rank (say under `if rank == 0:`) fails as a mismatch instead of shifting every
-    later pairing by one.
+    An unnamed call is named after the line that made it and the number of calls made there
+    before: `allreduce@train.py:12#0` eagerly, `allreduce@train_step/train.py:12#0` inside a
+    `tf.function` (counted per trace of the function, so every trace names its ops alike). Calls
+    from different lines never pair, so an extra call on one rank (say under `if rank == 0:`)
+    fails as a mismatch instead of shifting every later pairing by one. Graph node names would
+    not do: they hold Keras's automatic layer names, which count every model a process built.
     """
     if name:
         return name
-    if not tf.executing_eagerly():
-        return ""
     site = _call_site()
+    graph = None if tf.executing_eagerly() else _compat.enclosing_function_graph()
+    where = "" if graph is None else f"{getattr(graph, 'name', 'graph')}/"
     with _calls_per_site_lock:
-        count = next(_calls_per_site[(kind, site)])
-    return f"{kind}@{site}#{count}"
+        if graph is None:
+            counts = _calls_per_site
+        else:
+            counts = _calls_per_graph_site.setdefault(graph, collections.defaultdict(itertools.count))
+        count = next(counts[(kind, site)])
+    return f"{kind}@{where}{site}#{count}"
 
 
 def _call_site():
     """`file:line` of the first frame outside kerasdist.ops and TensorFlow's wrappers. The file's
-    base name, not its path: ranks on different hosts may run the same code from different paths."""
+    base name, not its path: ranks on different hosts may run the same code from different paths.
+    Code AutoGraph converted runs from a temporary file whose name differs by rank: there the
+    converted function's name stands in for the file."""
     frame = sys._getframe(2)
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(_PASS_THROUGH_MODULES):
         frame = frame.f_back
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    file = os.path.basename(frame.f_code.co_filename)
+    if file.startswith(_AUTOGRAPH_FILE_PREFIX):
+        file = frame.f_code.co_name
+    return f"{file}:{frame.f_lineno}"
 
 
 def _fail(kind, name, error):
@@ -331,7 +345,7 @@ def _member_names(kind, name, count):
     """One name per tensor of a grouped call: the group's name (given, or derived from the
     caller's line) with the tensor's position, so every rank pairs the same members."""
     base = _tensor_name(kind, name)
-    return [f"{base}.{i}" if base else "" for i in range(count)]
+    return [f"{base}.{i}" for i in range(count)]
 
 
 @_not_autographed
@@ -685,18 +699,8 @@ def _allreduce_grad(op, *grads):
     reduce_op = ReduceOp(op.get_attr("reduce_op"))
     if reduce_op not in (Sum, Average):
         raise ValueError(f"kerasdist.allreduce with op={reduce_op.name} has no gradient; use Sum or Average")
-    prescale, postscale, name_input = op.inputs[-3:]
-    # A named forward allreduce names its gradient after itself: an unnamed one would take its
-    # graph node name, which can differ between ranks (Keras's automatic layer names).
-    forward_name = tf.get_static_value(name_input)  # bytes eagerly, a 0-d array in a graph
-    forward_name = "" if forward_name is None else np.asarray(forward_name).item().decode()
-    summed = grouped_allreduce(
-        list(grads),
-        reduce_op,
-        name=f"{forward_name}.grad" if forward_name else None,
-        prescale_factor=prescale,
-        postscale_factor=postscale,
-    )
+    prescale, postscale, _ = op.inputs[-3:]
+    summed = grouped_allreduce(list(grads), reduce_op, prescale_factor=prescale, postscale_factor=postscale)
     return summed + [None, None, None]
 
 

@@ -125,3 +125,26 @@ def test_a_replaced_metrics_result_is_what_fit_and_evaluate_report():
     history = model.fit(np.ones((4, 1)), np.ones((4, 1)), epochs=1, verbose=0)
     assert history.history == {"loss": [7.0], "mae": [7.0]}
     assert model.evaluate(np.ones((4, 1)), np.ones((4, 1)), verbose=0, return_dict=True) == {"loss": 7.0, "mae": 7.0}
+
+
+def test_enclosing_function_graph_looks_past_cond_and_while_loop_graphs():
+    seen = {}
+
+    @tf.function
+    def traced(x):
+        seen["function"] = tf.compat.v1.get_default_graph()
+
+        def branch():
+            seen["cond"] = _compat.enclosing_function_graph()
+            return x
+
+        def body(i):
+            seen["while"] = _compat.enclosing_function_graph()
+            return i + 1
+
+        y = tf.cond(x > 0, branch, lambda: -x)
+        return tf.while_loop(lambda i: i < 2, body, [y])
+
+    traced(tf.constant(1.0))
+    assert seen["function"].name == "traced"
+    assert seen["cond"] is seen["function"] and seen["while"] is seen["function"]

@@ -1,17 +1,9 @@
 """SyncBatchNormalization: batch normalization over the global batch of all ranks."""
 
-import itertools
-
 import keras
 import tensorflow as tf
 
 from kerasdist import ops, runtime
-
-# Inside a tf.function an unnamed collective takes its graph node name, which holds Keras's
-# automatic model and layer names; those count every model a process built, so a rank that built
-# one more (an evaluation model on rank 0) would name the same layer's allreduce differently.
-# Layers are numbered by the order in which they are built instead.
-_built_layers = itertools.count()
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
@@ -60,10 +52,6 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             )
         super().__init__(**kwargs)
 
-    def build(self, input_shape):
-        super().build(input_shape)
-        self._statistics_name = f"SyncBatchNormalization.{next(_built_layers)}"
-
     def get_config(self):
         config = super().get_config()
         config.pop("synchronized", None)
@@ -90,8 +78,7 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         count, local_mean, local_variance = (tf.cast(t, tf.float64) for t in (count, local_mean, local_variance))
         local_sum = count * local_mean
         local_squares = count * local_variance + local_sum * local_mean
-        name = None if tf.executing_eagerly() else self._statistics_name  # eagerly: named by call site
-        total = ops.allreduce(tf.stack([count, local_sum, local_squares]), op=ops.Sum, name=name)
+        total = ops.allreduce(tf.stack([count, local_sum, local_squares]), op=ops.Sum)
         count, total_sum, total_squares = tf.unstack(total)
         mean = tf.math.divide_no_nan(total_sum, count)
         variance = tf.maximum(tf.math.divide_no_nan(total_squares - total_sum * mean, count), 0.0)

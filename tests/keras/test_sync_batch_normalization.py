@@ -156,7 +156,7 @@ def test_fit_equals_one_process_with_plain_batch_normalization_on_the_global_bat
     # Ranks that built different numbers of models before (say an evaluation model on rank 0)
     # give layers different automatic names: the collective's name must not depend on them.
     for _ in range(RANK):
-        keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        keras.Sequential([keras.Input((1,)), SyncBatchNormalization()]).build((None, 1))
     reference = fit_model(keras.layers.BatchNormalization)
     reference.compile(keras.optimizers.SGD(0.05, momentum=0.9), loss="mse")
     reference.fit(x, y, batch_size=global_size, epochs=2, shuffle=False, verbose=0)

@@ -20,12 +20,15 @@ BUCKETS = 6
 MIN_SPREAD_SHARE = 0.25
 
 
+def _is_gradient_bucket(tensor_name):
+    # DistributedOptimizer's unnamed grouped allreduces, named after their line in optimizer.py.
+    return tensor_name.startswith("allreduce@") and "/optimizer.py:" in tensor_name
+
+
 def bucket_queue_times(timeline_path):
     """Per step, when each gradient bucket was queued (µs), in queue order."""
     events = json.loads(timeline_path.read_text())
-    queued = sorted(
-        e["ts"] for e in events if e.get("name") == "queued" and "KerasdistAllreduce" in e["args"]["tensor"]
-    )
+    queued = sorted(e["ts"] for e in events if e.get("name") == "queued" and _is_gradient_bucket(e["args"]["tensor"]))
     return [queued[i : i + BUCKETS] for i in range(0, len(queued) - BUCKETS + 1, BUCKETS)]
 
 

@@ -100,7 +100,7 @@ class CollectiveKernel : public AsyncOpKernel {
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     Request request;
     request.kind = kind_;
-    // Eager calls pass a per-call name; inside a graph the node name identifies the call.
+    // kerasdist.ops names every call; the node name serves graphs built without it.
     const std::string given(ctx->input(ctx->num_inputs() - 1).scalar<::tensorflow::tstring>()());
     request.name = given.empty() ? name() : given;
     request.blocking = blocking_;
