@@ -192,7 +192,8 @@ def check_equal_steps(steps, what="steps per epoch"):
         f"kerasdist: the ranks would run different numbers of {what}: {listing}. Every rank must run "
         f"the same number, or the gradient allreduces pair up wrongly or hang. To fix: shard with "
         f"kerasdist.data.shard(..., drop_remainder=True) (every rank then gets n // size examples), "
-        f"or repeat() the data and pass steps_per_epoch={min(counts)} to fit."
+        f"or repeat() the data and pass steps_per_epoch={min(counts)} to fit, or let fit run unequal "
+        f"epochs with kerasdist.callbacks(uneven_steps=True) (the Join callback)."
     )
 
 

@@ -16,6 +16,7 @@ from kerasdist import runtime
 from kerasdist.batch_growth import AdaptiveBatchGrowth
 from kerasdist.callbacks.broadcast import BroadcastGlobalState
 from kerasdist.callbacks.checkpoint import Rank0Checkpoint
+from kerasdist.callbacks.join import Join
 from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
 from kerasdist.callbacks.metric_average import MetricAverage
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
@@ -24,6 +25,7 @@ from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
 __all__ = [
     "AdaptiveBatchGrowth",
     "BroadcastGlobalState",
+    "Join",
     "LearningRateSchedule",
     "LearningRateWarmup",
     "MetricAverage",
@@ -46,6 +48,7 @@ def default_callbacks(
     tensorboard_dir=None,
     csv_path=None,
     batch_growth=None,
+    uneven_steps=False,
     extra=(),
 ):
     """The callbacks a distributed `model.fit` needs, in the order they must run.
@@ -67,6 +70,9 @@ def default_callbacks(
         csv_path: `keras.callbacks.CSVLogger(csv_path)` on `root_rank`.
         batch_growth: an `AdaptiveBatchGrowth`, or a dict of its arguments, e.g.
             `dict(signal="noise_scale", batch_size=32, max_batch_size=1024)`.
+        uneven_steps: adds `Join` after `BroadcastGlobalState`, so ranks may run different
+            numbers of steps per epoch (shards of unequal size). Defaults to False: unequal
+            steps are then an error on every rank before training.
         extra: more callbacks, placed after the metric averaging and before the loggers.
 
     Example:
@@ -82,6 +88,8 @@ def default_callbacks(
     """
     is_root = runtime.state().rank == root_rank
     callbacks = [BroadcastGlobalState(root_rank)]
+    if uneven_steps:
+        callbacks.append(Join())  # after the broadcast: a first step's late broadcast precedes joining
     if average_metrics:
         callbacks.append(MetricAverage())
     if warmup_epochs:
