@@ -18,7 +18,7 @@ from kerasdist.callbacks.broadcast import BroadcastGlobalState
 from kerasdist.callbacks.checkpoint import Rank0Checkpoint
 from kerasdist.callbacks.join import Join
 from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
-from kerasdist.callbacks.metric_average import MetricAverage
+from kerasdist.callbacks.metric_average import MetricAverage, local_metrics
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
 from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
 
@@ -33,6 +33,7 @@ __all__ = [
     "Rank0ProgbarLogger",
     "TrustRatioLogger",
     "default_callbacks",
+    "local_metrics",
 ]
 
 

@@ -1,6 +1,9 @@
 """Exact global metrics: combine the metrics' sums and counts across ranks."""
 
+import contextlib
+
 import keras
+import tensorflow as tf
 
 from kerasdist import _compat, runtime, training_state
 from kerasdist.coordination import metric_states_summed_over_ranks
@@ -10,10 +13,49 @@ def global_metrics_result(model, local_result):
     """`model.get_metrics_result()` as if one process had seen every rank's batches: computed
     with the metrics' state summed over ranks (see `metric_states_summed_over_ranks`), after
     which this rank's own state is put back. Works for every metric whose state variables add
-    up across batches, which includes all of Keras's built-ins.
+    up across batches, which includes all of Keras's built-ins. Inside `local_metrics(model)`
+    it is this rank's own result, with no collective.
     """
-    with metric_states_summed_over_ranks(model.metrics):
+    if getattr(model, "_kerasdist_local_metrics", False):
         return local_result()
+    try:
+        with metric_states_summed_over_ranks(model.metrics):
+            return local_result()
+    except tf.errors.OpError as error:
+        raise RuntimeError(
+            f"kerasdist: combining the metrics of model '{model.name}' across ranks failed. Once "
+            "MetricAverage is attached (kerasdist.callbacks() attaches it in fit), every "
+            "model.evaluate() of this model, and every end of a fit epoch, is a collective that "
+            "every rank must call. To evaluate on one rank only (say under `if rank == 0:`), "
+            "wrap the call: `with kerasdist.callbacks.local_metrics(model): model.evaluate(...)`. "
+            f"The engine said: {error.message}"
+        ) from error
+
+
+@contextlib.contextmanager
+def local_metrics(model):
+    """Inside, `model`'s metric results are this rank's own: no collective, so `model.evaluate`
+    (or `fit`) may run on some ranks only, for instance rank 0 alone on a held-out set.
+
+    Example:
+
+    ```python
+    import keras, kerasdist, numpy as np
+    kerasdist.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", loss="mse")
+    model.fit(np.ones((4, 3)), np.ones((4, 1)), verbose=0, callbacks=kerasdist.callbacks())
+    if kerasdist.rank() == 0:
+        with kerasdist.callbacks.local_metrics(model):
+            print(model.evaluate(np.ones((2, 3)), np.ones((2, 1)), verbose=0) >= 0)  # True
+    ```
+    """
+    previous = getattr(model, "_kerasdist_local_metrics", False)
+    model._kerasdist_local_metrics = True
+    try:
+        yield model
+    finally:
+        model._kerasdist_local_metrics = previous
 
 
 class MetricAverage(keras.callbacks.Callback):
@@ -30,7 +72,8 @@ class MetricAverage(keras.callbacks.Callback):
     and at the end of `evaluate`) sums every metric state variable across ranks in one grouped
     allreduce. Per-batch values (the running numbers in the progress bar) stay this rank's own:
     reducing them every step would cost a collective per batch. The model stays attached after
-    `fit`, so a later `model.evaluate()` is global too; every rank must then call it.
+    `fit`, so a later `model.evaluate()` is global too; every rank must then call it, unless it
+    runs inside `local_metrics(model)` (an evaluation on rank 0 alone).
 
     Example:
 

@@ -9,6 +9,7 @@ import math
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import kerasdist as kd
 from kerasdist.callbacks import (
@@ -67,6 +68,36 @@ def test_evaluate_is_exact_over_unequal_shards():
     assert got.keys() == expected.keys()
     for name in expected:
         assert got[name] == pytest.approx(expected[name], rel=1e-5, abs=1e-6), name
+
+
+def test_an_evaluation_on_rank_0_alone_runs_inside_local_metrics():
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=7)
+    model.fit(x[:4], y[:4], batch_size=2, verbose=0, callbacks=kd.callbacks())  # attaches MetricAverage
+    if RANK == 0:
+        with kd.callbacks.local_metrics(model):
+            got = model.evaluate(x, y, batch_size=3, verbose=0, return_dict=True)
+        reference = classifier()
+        reference.set_weights(model.get_weights())
+        reference.compile(loss="sparse_categorical_crossentropy", metrics=metrics())
+        expected = reference.evaluate(x, y, batch_size=3, verbose=0, return_dict=True)
+        assert got == pytest.approx(expected, rel=1e-6)
+    assert kd.allgather_object("after") == ["after"] * SIZE  # the other ranks were not needed
+    assert model.evaluate(x, y, verbose=0) == pytest.approx(kd.allgather_object(model.evaluate(x, y, verbose=0))[0])
+
+
+@pytest.mark.skipif(SIZE == 1, reason="needs ranks that disagree")
+def test_an_evaluation_on_rank_0_alone_without_local_metrics_fails_naming_the_fix():
+    model = compiled(classifier())
+    x, y = shard_of_unequal_size(RANK, seed=7)
+    model.fit(x[:4], y[:4], batch_size=2, verbose=0, callbacks=kd.callbacks())
+    if RANK == 0:
+        with pytest.raises(RuntimeError, match=r"every rank must call.*kerasdist\.callbacks\.local_metrics\(model\)"):
+            model.evaluate(x, y, verbose=0)
+    else:  # meanwhile the others wait in another collective: a mismatch, found within seconds
+        with pytest.raises(tf.errors.FailedPreconditionError, match="blocked in different collectives"):
+            kd.allgather_object("elsewhere", name="the others' next call")
+    assert kd.allgather_object("after") == ["after"] * SIZE
 
 
 def test_metrics_with_count_tables_are_exact_too():
