@@ -211,6 +211,26 @@ def _reduce_with(compression):
     )
 
 
+def _reduce_compressed(reduce, tensor, compressor, *arguments):
+    """`reduce(tensor, *arguments)` with `tensor` compressed before and the result decompressed
+    after: Horovod's way with a compressor the reduction does not apply itself."""
+    compressed, context = compressor.compress(tensor)
+    return compressor.decompress(reduce(compressed, *arguments), context)
+
+
+def _allreduce_arguments(tensors, op, average, prescale_factor, postscale_factor, compression, process_set):
+    """Checks Horovod's allreduce arguments for `tensors`; returns `(op, wire, compressor)` (see
+    `_reduce_with`). `tf.IndexedSlices` are gathered, not reduced: Sum or Average only, unscaled."""
+    _check_process_set(process_set)
+    op = _op(op, average)
+    if any(isinstance(tensor, tf.IndexedSlices) for tensor in tensors):
+        if op not in (Sum, Average):
+            raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
+    return (op, *_reduce_with(compression))
+
+
 def allreduce(
     tensor,
     average=None,
@@ -226,18 +246,12 @@ def allreduce(
 ):
     """Horovod's `allreduce`: Average by default; `tf.IndexedSlices` are gathered (Sum/Average only,
     no pre/postscale). Devices are ignored: kerasdist reduces on the CPU."""
-    _check_process_set(process_set)
-    op = _op(op, average)
-    if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Sum, Average):
-            raise NotImplementedError("Only Sum and Average ops are supported with tf.IndexedSlices")
-        if prescale_factor != 1.0 or postscale_factor != 1.0:
-            raise NotImplementedError("Pre/postscale_factor are not supported with tf.IndexedSlices")
-    wire, compressor = _reduce_with(compression)
+    op, wire, compressor = _allreduce_arguments(
+        [tensor], op, average, prescale_factor, postscale_factor, compression, process_set
+    )
     if compressor is None:
         return ops.allreduce(tensor, op, name, prescale_factor, postscale_factor, wire)
-    compressed, context = compressor.compress(tensor)
-    return compressor.decompress(ops.allreduce(compressed, op, name, prescale_factor, postscale_factor), context)
+    return _reduce_compressed(ops.allreduce, tensor, compressor, op, name, prescale_factor, postscale_factor)
 
 
 def grouped_allreduce(
@@ -254,11 +268,12 @@ def grouped_allreduce(
     name=None,
 ):
     """Horovod's `grouped_allreduce`: the tensors are reduced as one unit (Average by default)."""
-    _check_process_set(process_set)
-    op = _op(op, average)
-    wire, compressor = _reduce_with(compression)
     tensors = list(tensors)
+    op, wire, compressor = _allreduce_arguments(
+        tensors, op, average, prescale_factor, postscale_factor, compression, process_set
+    )
     if any(isinstance(t, tf.IndexedSlices) for t in tensors) or compressor is not None:
+        # kerasdist's grouped allreduce takes dense tensors and its own wire formats only
         return [
             allreduce(t, None, "", "", compression, op, prescale_factor, postscale_factor, name and f"{name}.{i}")
             for i, t in enumerate(tensors)
@@ -309,9 +324,9 @@ def reducescatter(
     op = _op(op, None)
     if compression is Compression.none:
         return ops.reducescatter(tensor, op, name, prescale_factor, postscale_factor)
-    compressor = Compression.fp16 if compression is Compression.fp16 else compression
-    compressed, context = compressor.compress(tf.convert_to_tensor(tensor))
-    return compressor.decompress(ops.reducescatter(compressed, op, name, prescale_factor, postscale_factor), context)
+    return _reduce_compressed(
+        ops.reducescatter, tf.convert_to_tensor(tensor), compression, op, name, prescale_factor, postscale_factor
+    )
 
 
 def grouped_reducescatter(

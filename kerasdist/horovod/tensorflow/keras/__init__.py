@@ -69,20 +69,8 @@ def DistributedOptimizer(
     scale_local_gradients=True,
 ):
     """Horovod's Keras `DistributedOptimizer` (argument order as in `horovod.tensorflow.keras`)."""
-    return _hvd.DistributedOptimizer(
-        optimizer,
-        name=name,
-        compression=compression,
-        sparse_as_dense=sparse_as_dense,
-        backward_passes_per_step=backward_passes_per_step,
-        op=op,
-        gradient_predivide_factor=gradient_predivide_factor,
-        average_aggregated_gradients=average_aggregated_gradients,
-        num_groups=num_groups,
-        groups=groups,
-        process_set=process_set,
-        scale_local_gradients=scale_local_gradients,
-    )
+    # horovod.tensorflow's DistributedOptimizer takes every one of these by name: only the order differs
+    return _hvd.DistributedOptimizer(**locals())
 
 
 # Horovod's Keras collectives take tensor-compatible values and return NumPy values.
