@@ -202,6 +202,9 @@ def test_names_kerasdist_does_not_offer_say_what_to_use():
         hvd_tf.start_timeline("/tmp/timeline.json")
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd_tf.allreduce(tf.constant(1.0), op=hvd_tf.Adasum)
+    optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(NotImplementedError, match="PartialDistributedGradientTape"):
+        optimizer.register_local_var(tf.Variable(1.0))
 
 
 def test_horovod_settings_are_read_when_kerasdist_ones_are_unset():

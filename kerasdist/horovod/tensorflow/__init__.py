@@ -425,7 +425,7 @@ def DistributedOptimizer(
     op = _check_gradient_arguments(op, gradient_predivide_factor, compression, num_groups, groups, process_set)
     if not isinstance(optimizer, _keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer (Keras 3), got {optimizer!r}")
-    return _KerasdistOptimizer(
+    distributed = _KerasdistOptimizer(
         optimizer,
         op=op,
         compression=compression,
@@ -434,6 +434,12 @@ def DistributedOptimizer(
         average_aggregated_gradients=average_aggregated_gradients,
         name=name,
     )
+    distributed.register_local_var = _NotOffered(
+        "DistributedOptimizer.register_local_var",
+        "every trainable variable's gradient is reduced; to keep some layers' gradients local, train "
+        "with hvd.PartialDistributedGradientTape(tape, local_layers=[...]) in a custom loop",
+    )
+    return distributed
 
 
 class _PartialGradientTape(_KerasdistGradientTape):
