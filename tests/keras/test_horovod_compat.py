@@ -240,3 +240,27 @@ def test_sync_batch_normalization_is_kerasdists_layer():
 def test_join_returns_the_rank_that_joined_last_the_same_on_every_rank():
     last = hvd_tf.join()
     assert last in range(SIZE) and hvd_tf.allgather_object(last) == [last] * SIZE
+
+
+def test_load_model_wraps_a_plain_saved_optimizer_and_keeps_its_state(tmp_path):
+    # As Horovod's load_model does: training the loaded model averages gradients, from the
+    # saved Adam slots and step count. Expected: plain Keras on the union of the shards.
+    keras.utils.set_random_seed(3)
+    x = np.random.default_rng(3).normal(size=(4 * SIZE, 3)).astype("float32")
+    y = x @ np.array([[1.0], [-1.0], [2.0]], "float32")
+    saved = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    saved.compile(keras.optimizers.Adam(0.05), loss="mse")
+    saved.fit(x, y, batch_size=len(x), epochs=2, verbose=0)
+    path = str(tmp_path / "plain.keras")  # each rank writes the same model to its own directory
+    saved.save(path)
+
+    loaded = hvd.load_model(path)
+    assert isinstance(loaded.optimizer, kd.DistributedOptimizer)
+    assert int(loaded.optimizer.iterations) == 2
+    loaded.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=4, epochs=2, shuffle=False, verbose=0)
+
+    reference = keras.saving.load_model(path)
+    reference.fit(x, y, batch_size=len(x), epochs=2, shuffle=False, verbose=0)
+    for got, expected in zip(loaded.get_weights(), reference.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert int(loaded.optimizer.iterations) == 4

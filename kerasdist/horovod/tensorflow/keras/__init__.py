@@ -95,17 +95,15 @@ def reducescatter(value, name=None, op=Average):
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, legacy_opts=False):
-    """Loads a `.keras` file; an optimizer saved as a `kerasdist.DistributedOptimizer` comes back as one.
+    """Horovod's `load_model`: loads a `.keras` file and wraps its optimizer in `DistributedOptimizer`.
 
-    Horovod rewrapped the saved optimizer; Keras 3 files name `kerasdist>DistributedOptimizer`
-    themselves, so a model saved from a kerasdist (or this module's) optimizer resumes as it was.
-    A model saved with a plain optimizer is refused rather than silently trained unaveraged.
+    The optimizer's saved state (slots, iterations) is kept; one saved as a
+    `kerasdist.DistributedOptimizer` already comes back as one and is left as it is.
+    `custom_optimizers` (classes) are found by their class names, as `custom_objects` are.
     """
-    model = keras.saving.load_model(filepath, custom_objects=custom_objects)
+    objects = dict(custom_objects or {})
+    objects.update({optimizer.__name__: optimizer for optimizer in custom_optimizers or ()})
+    model = keras.saving.load_model(filepath, custom_objects=objects)
     if model.optimizer is not None and not isinstance(model.optimizer, _hvd._KerasdistOptimizer):
-        raise ValueError(
-            f"{filepath} was saved with a {type(model.optimizer).__name__} optimizer, not a DistributedOptimizer: "
-            "load it with keras.saving.load_model(path, compile=False) and compile it with "
-            "hvd.DistributedOptimizer(...)"
-        )
+        model.optimizer = _hvd.DistributedOptimizer(model.optimizer, compression=compression)
     return model
