@@ -122,8 +122,9 @@ def test_allreduce_averages_by_default_and_maps_the_deprecated_average_argument(
     value = tf.constant([float(RANK + 1)])
     mean, total = np.mean(np.arange(1, SIZE + 1)), np.sum(np.arange(1, SIZE + 1))
     np.testing.assert_allclose(hvd_tf.allreduce(value).numpy(), [mean])
-    with pytest.warns(DeprecationWarning):
+    with pytest.warns(DeprecationWarning) as warned:
         np.testing.assert_allclose(hvd_tf.allreduce(value, average=False).numpy(), [total])
+    assert warned[0].filename == __file__  # attributed to the script's line, not to kerasdist
     with pytest.raises(ValueError, match="supersedes average"):
         hvd_tf.allreduce(value, average=True, op=hvd.Sum)
     np.testing.assert_allclose(hvd_tf.allreduce(value, op=hvd_tf.Max).numpy(), [SIZE])
@@ -203,6 +204,8 @@ def test_names_kerasdist_does_not_offer_say_what_to_use():
     with pytest.raises(NotImplementedError, match="Adasum"):
         hvd_tf.allreduce(tf.constant(1.0), op=hvd_tf.Adasum)
     optimizer = hvd.DistributedOptimizer(keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match="compression='fp16'"):
+        hvd_tf.reducescatter(tf.ones([SIZE]), compression="fp16")
     with pytest.raises(NotImplementedError, match="PartialDistributedGradientTape"):
         optimizer.register_local_var(tf.Variable(1.0))
 

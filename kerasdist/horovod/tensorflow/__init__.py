@@ -15,6 +15,7 @@ print(received.numpy().tolist() == [1] * hvd.size())  # True
 """
 
 import os
+import sys
 import warnings
 
 # `keras` would be shadowed: importing the submodule kerasdist.horovod.tensorflow.keras binds that name here.
@@ -191,11 +192,19 @@ def _op(op, average):
     if op is not None and average is not None:
         raise ValueError("The op parameter supersedes average. Please provide only one of them.")
     if average is not None:
-        warnings.warn("average= is deprecated in Horovod; use op=hvd.Average or op=hvd.Sum", DeprecationWarning, 2)
+        _warn_at_callers_line("average= is deprecated in Horovod; use op=hvd.Average or op=hvd.Sum", DeprecationWarning)
         return Average if average else Sum
     if op is Adasum:
         raise Adasum.error()
     return Average if op is None else op
+
+
+def _warn_at_callers_line(message, category):
+    """A warning attributed to the first line outside this package: the script's call."""
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(__package__):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def _reduce_with(compression):
@@ -204,8 +213,13 @@ def _reduce_with(compression):
     uncompressed reduction, as in Horovod."""
     if compression is Compression.none or compression is Compression.fp16:
         return compression, None
+    return Compression.none, _compressor(compression)
+
+
+def _compressor(compression):
+    """`compression` if it can compress and decompress (fp16 and custom compressors can)."""
     if hasattr(compression, "compress") and hasattr(compression, "decompress"):
-        return Compression.none, compression
+        return compression
     raise ValueError(
         f"compression={compression!r}: expected hvd.Compression.none, hvd.Compression.fp16 or a compressor"
     )
@@ -325,7 +339,13 @@ def reducescatter(
     if compression is Compression.none:
         return ops.reducescatter(tensor, op, name, prescale_factor, postscale_factor)
     return _reduce_compressed(
-        ops.reducescatter, tf.convert_to_tensor(tensor), compression, op, name, prescale_factor, postscale_factor
+        ops.reducescatter,
+        tf.convert_to_tensor(tensor),
+        _compressor(compression),
+        op,
+        name,
+        prescale_factor,
+        postscale_factor,
     )
 
 
