@@ -25,6 +25,9 @@ PROG = "kerasdist-run"
 BUILD_INFO_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build_info.json")
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 USAGE_ERROR = 2  # what argparse exits with
+RESTART_VARIABLE = "KERASDIST_RESTART"
+# Ctrl-C or SIGTERM, to the launcher or to the job (a scheduler's preemption): a stop, not a failure.
+STOP_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 # Checking the ranks' interpreter starts it once; a site's wrapper script may take a moment.
 INTERPRETER_CHECK_TIMEOUT_S = 30
 # A rank that outlives mpiexec may hold its stderr open; the launcher waits this long for the rest.
@@ -48,6 +51,16 @@ def _positive_int(text):
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return value
 
 
@@ -173,6 +186,15 @@ def make_parser():
         default=[],
         metavar='"ARGS"',
         help='extra mpiexec options, one quoted string, e.g. --mpi-args "-bind-to core"',
+    )
+    parser.add_argument(
+        "--restarts",
+        type=_non_negative_int,
+        default=0,
+        metavar="N",
+        help="start the job again, up to N times, when it ends with a non-zero status (not after "
+        "Ctrl-C or SIGTERM); each rank reads the attempt, 0 first, from KERASDIST_RESTART. With "
+        "Rank0Checkpoint(resume=True) training continues from the last complete checkpoint",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the mpiexec command and exit")
     parser.add_argument("--verbose", action="store_true", help="print the mpiexec command to stderr, then run it")
@@ -377,20 +399,23 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
 
     if args.network_interface:
         environment.update(mpi.interface_environment(flavour, args.network_interface, environ))
-    launch = mpi.build_command(
-        mpiexec,
-        flavour,
-        args.num_processes,
-        command,
-        hosts=args.hosts,
-        hostfile=args.hostfile,
-        environment=environment,
-        mpi_args=args.mpi_args,
-        launcher_exec=args.launcher_exec,
-        network_interface=args.network_interface,
-    )
+
+    def launch_command(attempt):
+        return mpi.build_command(
+            mpiexec,
+            flavour,
+            args.num_processes,
+            command,
+            hosts=args.hosts,
+            hostfile=args.hostfile,
+            environment={**environment, RESTART_VARIABLE: str(attempt)} if args.restarts else environment,
+            mpi_args=args.mpi_args,
+            launcher_exec=args.launcher_exec,
+            network_interface=args.network_interface,
+        )
+
     if args.dry_run:
-        print(shlex.join(launch))
+        print(shlex.join(launch_command(0)))
         return 0
     # On other hosts the program may be another Python than here; only a local job is checked.
     if is_python(command[0]) and not (args.hosts or args.hostfile):
@@ -399,12 +424,21 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
             instead = _what_to_run_instead(argv, given_command, environ)
             print(f"{PROG}: error: every rank would run {problem}\n{instead}", file=sys.stderr)
             return USAGE_ERROR
-    if args.verbose:
-        print(shlex.join(launch), file=sys.stderr, flush=True)
     stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
     copy_stderr = (lambda fd: output.copy_showing_startup_notices_once(fd, stderr)) if stderr else None
-    try:
-        return run_forwarding_signals(launch, copy_stderr)
-    except OSError as error:
-        print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
-        return 127
+    for attempt in range(args.restarts + 1):
+        launch = launch_command(attempt)
+        if args.verbose:
+            print(shlex.join(launch), file=sys.stderr, flush=True)
+        try:
+            status = run_forwarding_signals(launch, copy_stderr)
+        except OSError as error:
+            print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
+            return 127
+        if status == 0 or status in STOP_STATUSES or attempt == args.restarts:
+            return status
+        print(
+            f"{PROG}: the job ended with status {status}; starting it again (restart {attempt + 1} of {args.restarts})",
+            file=sys.stderr,
+            flush=True,
+        )
