@@ -61,7 +61,7 @@ class Join(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         unknown = [rank for rank, count in enumerate(self._counts) if not count]
-        if unknown:
+        if unknown and runtime.state().size > 1:
             raise ValueError(
                 f"kerasdist.callbacks.Join needs every rank's number of steps per epoch, but fit "
                 f"does not know it (or it is 0) on rank(s) {', '.join(map(str, unknown))}: counts "
@@ -71,7 +71,7 @@ class Join(keras.callbacks.Callback):
             )
 
     def on_train_batch_end(self, batch, logs=None):
-        if batch + 1 < self._own_steps or runtime.state().size == 1:
+        if runtime.state().size == 1 or batch + 1 < self._own_steps:
             return
         last = ops.join()
         training_state.broadcast_training_state(self.model, root_rank=last)
