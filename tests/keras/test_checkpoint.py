@@ -459,3 +459,17 @@ def test_a_checkpoint_of_another_model_fails_every_rank_when_fit_starts(shared_d
 def test_invalid_arguments_are_refused_before_any_collective(shared_dir, arguments):
     with pytest.raises(ValueError):
         Rank0Checkpoint(shared_dir, **arguments)
+
+
+def test_checkpoint_files_take_the_users_umask(shared_dir):
+    previous = os.umask(0o027)  # group may read, others nothing
+    try:
+        fit(make_model(), epochs=1, callbacks=[Rank0Checkpoint(shared_dir)])
+    finally:
+        os.umask(previous)
+    kd.barrier()  # rank 0 has written
+    if RANK == 0:
+        written = [*checkpoint_files(shared_dir), STATE_FILENAME]
+        assert {name: oct(os.stat(shared_dir / name).st_mode & 0o777) for name in written} == {
+            name: oct(0o640) for name in written
+        }

@@ -465,3 +465,15 @@ def test_site_wrapper_script_runs_a_two_process_job(tmp_path):
     )
     assert job.returncode == 0 and not job.timed_out, job.describe()
     assert sorted(job.lines_with("WRAPPED_RANK ")) == ["0", "1"], job.describe()
+
+
+def test_a_script_path_with_shell_metacharacters_runs_as_named_and_nothing_else(tmp_path):
+    # The launcher hands argv lists to mpiexec, never a shell: `;`, `$(...)`, quotes and spaces
+    # in a path stay part of the path.
+    directory = tmp_path / "it's a dir; touch INJECTED $(touch INJECTED2) `touch INJECTED3`"
+    directory.mkdir()
+    script = directory / "train.py"
+    script.write_text("import sys; print('RAN', sys.argv[1])\n")
+    job = run_job([*LAUNCHER, "-np", "2", script, "arg; touch INJECTED4"], tmp_path)
+    assert job.returncode == 0 and job.output.count("RAN arg; touch INJECTED4") == 2, job.describe()
+    assert not list(tmp_path.rglob("INJECTED*")) and not list(Path.cwd().glob("INJECTED*"))
