@@ -18,7 +18,7 @@ import tensorflow as tf
 import kerasdist as kd
 from kerasdist import optimizer as optimizer_module
 from kerasdist import runtime
-from kerasdist.optimizers import LAMB, LARS
+from kerasdist.optimizers import LAMB, LARC, LARS
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()
@@ -55,6 +55,7 @@ OPTIMIZERS = {
     "adam": lambda: keras.optimizers.Adam(0.01),
     "lars": lambda: LARS(0.1, momentum=0.9, weight_decay=1e-4),
     "lamb": lambda: LAMB(0.01, weight_decay=1e-2),
+    "larc": lambda: LARC(keras.optimizers.SGD(0.5, momentum=0.9), weight_decay=1e-4),
 }
 
 
