@@ -13,6 +13,7 @@ import tensorflow as tf
 from kerasdist import _compat, ops, runtime
 from kerasdist.batch_growth.noise_scale import GradientNoiseScale
 from kerasdist.learning_rate import batch_multiple
+from kerasdist.optimizers.wrapping import WrappingOptimizer
 
 _COMPRESSIONS = {"none": ops.Compression.none, "fp16": ops.Compression.fp16, "bf16": ops.Compression.bf16}
 _GRADIENT_OPS = {"average": ops.Average, "sum": ops.Sum}
@@ -122,7 +123,7 @@ def _squared_norm(grads):
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
-class DistributedOptimizer(keras.optimizers.Optimizer):
+class DistributedOptimizer(WrappingOptimizer):
     """Wraps any Keras 3 optimizer so that gradients are averaged across ranks before each update.
 
     The wrapper composes, like `keras.optimizers.LossScaleOptimizer`: it reduces the gradients in
@@ -199,8 +200,7 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             raise ValueError("this optimizer is already a kerasdist.DistributedOptimizer; wrap it once")
         if kwargs:
             raise ValueError(f"DistributedOptimizer does not take {sorted(kwargs)}: set them on the inner optimizer")
-        super().__init__(learning_rate=0.0, name=name or f"distributed_{optimizer.name}")
-        self.inner_optimizer = optimizer
+        super().__init__(optimizer, name=name or f"distributed_{optimizer.name}")
         self._op_name = _gradient_op_name(op)
         self._compression_name = _compression_name(compression)
         self.sparse_as_dense = bool(sparse_as_dense)
@@ -332,40 +332,9 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
             model.make_train_function(force=True)
         return needs_retrace
 
-    @property
-    def variables(self):
-        return self._variables + self.inner_optimizer.variables
-
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        """Updates made (the inner optimizer's count): micro-batches / `backward_passes_per_step`."""
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
-
-    def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
-
     def apply(self, grads, trainable_variables=None):
         ops._refuse_xla("DistributedOptimizer.apply")
-        if not self.built:
-            if trainable_variables is None:
-                raise ValueError("pass trainable_variables to the first apply() (or build the optimizer)")
-            with keras.name_scope(self.name, caller=self):
-                self.build(list(trainable_variables))
-        trainable_variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
-        grads = list(grads)
-        if len(grads) != len(trainable_variables):
-            raise ValueError(f"got {len(grads)} gradients for {len(trainable_variables)} variables")
+        grads, trainable_variables = self._apply_arguments(grads, trainable_variables)
         if not grads:
             return
         if self._accumulators is None:
@@ -423,15 +392,8 @@ class DistributedOptimizer(keras.optimizers.Optimizer):
 
         tf.cond(micro_step >= self._backward_passes, update, lambda: None)
 
-    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        raise NotImplementedError("kerasdist runs on the TensorFlow backend only (no stateless_apply)")
-
-    # Own state only: the inner optimizer is saved as a child object of its own. Accumulators
-    # are saved after the counters, so a file saved with k = 1 loads into k > 1 and back.
-    def save_own_variables(self, store):
-        for i, variable in enumerate(self._variables):
-            store[str(i)] = variable.numpy()
-
+    # The inner optimizer saves its own state as a child object. Accumulators are saved after
+    # the counters, so a file saved with k = 1 loads into k > 1 and back.
     def load_own_variables(self, store):
         if len(store.keys()) == len(self._variables):
             for i, variable in enumerate(self._variables):

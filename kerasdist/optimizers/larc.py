@@ -5,12 +5,13 @@ from keras import ops
 
 from kerasdist import _compat
 from kerasdist.optimizers import trust_ratio as tr
+from kerasdist.optimizers.wrapping import WrappingOptimizer
 
 _MODES = ("clip", "scale")
 
 
 @keras.saving.register_keras_serializable(package="kerasdist")
-class LARC(keras.optimizers.Optimizer):
+class LARC(WrappingOptimizer):
     """Layer-wise Adaptive Rate Control: wraps any optimizer and scales each layer's gradient by
     a trust ratio, in the "clip" or "scale" mode of NVIDIA Apex's LARC.
 
@@ -91,8 +92,7 @@ class LARC(keras.optimizers.Optimizer):
             raise ValueError(f"`weight_decay` must be >= 0; got {weight_decay}.")
         if float(epsilon) < 0:
             raise ValueError(f"`epsilon` must be >= 0; got {epsilon}.")
-        super().__init__(learning_rate=0.0, name=name or f"larc_{optimizer.name}")
-        self.inner_optimizer = optimizer
+        super().__init__(optimizer, name=name or f"larc_{optimizer.name}")
         self.trust_coefficient = float(trust_coefficient)
         self.mode = mode
         self.weight_decay_rate = float(weight_decay)
@@ -121,38 +121,8 @@ class LARC(keras.optimizers.Optimizer):
             for v in var_list
         ]
 
-    @property
-    def variables(self):
-        return self._variables + self.inner_optimizer.variables
-
-    @property
-    def learning_rate(self):
-        return self.inner_optimizer.learning_rate
-
-    @learning_rate.setter
-    def learning_rate(self, learning_rate):
-        self.inner_optimizer.learning_rate = learning_rate
-
-    @property
-    def iterations(self):
-        return self.inner_optimizer.iterations
-
-    def scale_loss(self, loss):
-        return self.inner_optimizer.scale_loss(loss)
-
-    def finalize_variable_values(self, var_list):
-        self.inner_optimizer.finalize_variable_values(var_list)
-
     def apply(self, grads, trainable_variables=None):
-        if not self.built:
-            if trainable_variables is None:
-                raise ValueError("pass trainable_variables to the first apply() (or build the optimizer)")
-            with keras.name_scope(self.name, caller=self):
-                self.build(list(trainable_variables))
-        trainable_variables = list(self._trainable_variables if trainable_variables is None else trainable_variables)
-        grads = list(grads)
-        if len(grads) != len(trainable_variables):
-            raise ValueError(f"got {len(grads)} gradients for {len(trainable_variables)} variables")
+        grads, trainable_variables = self._apply_arguments(grads, trainable_variables)
         # The rate the inner optimizer is about to use (a schedule at its current step).
         rate = self.inner_optimizer.learning_rate
         adapted = [g if g is None else self._adapted_gradient(g, v, rate) for g, v in zip(grads, trainable_variables)]
@@ -190,18 +160,6 @@ class LARC(keras.optimizers.Optimizer):
             for v, slot, adapted in zip(self._trainable_variables, self._trust_ratio_slots, self._adapted)
             if adapted
         }
-
-    def stateless_apply(self, optimizer_variables, grads, trainable_variables):
-        raise NotImplementedError("LARC runs on the TensorFlow backend (no stateless_apply)")
-
-    # Own state only: the inner optimizer is saved as a child object of its own.
-    def save_own_variables(self, store):
-        for i, variable in enumerate(self._variables):
-            store[str(i)] = variable.numpy()
-
-    def load_own_variables(self, store):
-        for i, variable in enumerate(self._variables):
-            variable.assign(store[str(i)])
 
     def get_config(self):
         return {
