@@ -62,6 +62,7 @@ class Engine {
 
   // Where fused allreduces get their buffers; the front end sets it once, before Start.
   void SetFusionBufferFactory(FusionBufferFactory factory) { fusion_buffer_factory_ = std::move(factory); }
+  bool has_fusion_buffer_factory() const { return static_cast<bool>(fusion_buffer_factory_); }
 
   // Hands one request to the engine. On an error return, `done` is not called. `outputs` are
   // the buffers known before negotiation (broadcast, reducescatter); allreduce outputs come
