@@ -1,8 +1,34 @@
 #include "common.h"
 
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <sstream>
 
 namespace kerasdist {
+namespace {
+
+int g_log_level = 2;
+int g_log_rank = 0;
+
+}  // namespace
+
+void SetLogging(int level, int rank) {
+  g_log_level = level;
+  g_log_rank = rank;
+}
+
+void Log(int level, const char* fmt, ...) {
+  if (level < g_log_level) return;
+  static const char* kNames[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
+  char message[2048];
+  va_list args;
+  va_start(args, fmt);
+  std::vsnprintf(message, sizeof(message), fmt, args);
+  va_end(args);
+  std::fprintf(stderr, "[kerasdist rank %d] %s: %s\n", g_log_rank, kNames[std::min(level, 3)], message);
+  std::fflush(stderr);
+}
 
 size_t DataTypeSize(DataType dtype) {
   switch (dtype) {

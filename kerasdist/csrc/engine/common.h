@@ -2,6 +2,7 @@
 // a tensor is a pointer, a dtype and a shape, plus callbacks to the front end.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -21,6 +22,14 @@ enum class OpKind : uint8_t {
   kJoin = 5,  // this rank has no more data (kerasdist.join); never cached, never fused
 };
 enum class ReduceOp : uint8_t { kAverage = 0, kSum = 1, kMin = 2, kMax = 3, kProduct = 4 };
+
+using Clock = std::chrono::steady_clock;
+inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+// To stderr, prefixed with the rank, when `level` (0 debug, 1 info, 2 warning, 3 error) reaches
+// the one SetLogging chose.
+void Log(int level, const char* fmt, ...);
+void SetLogging(int level, int rank);
 
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
@@ -94,6 +103,19 @@ struct Response {
   std::vector<int64_t> zero_ranks;
   std::string spec;
   int32_t last_joined_rank = -1;  // join: the rank whose join came last
+};
+
+// Every field is set by name from kerasdist/knobs.py, which owns the defaults and the checks
+// (c_api.cc refuses a start that does not name each one), so no default is written here.
+struct EngineOptions {
+  int64_t fusion_threshold_bytes = 0;  // 0 disables fusion
+  double cycle_time_ms = 0.0;          // coalescing window after work arrives
+  double stall_warning_s = 0.0;        // 0 disables warnings
+  double stall_timeout_s = 0.0;        // 0: wait forever
+  double mismatch_timeout_s = 0.0;     // every rank blocked in a different call; 0: never
+  int cache_capacity = 0;              // requests that may take the fast path
+  std::string timeline_path;           // written by rank 0 when set
+  int log_level = 0;                   // 0 debug, 1 info, 2 warning, 3 error
 };
 
 // Memory the front end owns, lent to the engine for fused allreduces. The results stay in it

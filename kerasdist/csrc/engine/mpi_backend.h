@@ -1,36 +1,55 @@
-// MPI specifics: datatype and reduction mapping, and the reductions MPI cannot do well itself.
+// The backend for host memory: MPI on the engine's communicator, with the reductions MPI
+// cannot do well itself (16-bit floats, Min/Max of floats that agree on NaN).
 #pragma once
 
 #include <mpi.h>
 
 #include <vector>
 
-#include "common.h"
+#include "backend.h"
 
 namespace kerasdist {
 
-// Creates the user-defined reductions (Min and Max of floats that agree on NaN) once, after
-// MPI_Init. They live until MPI_Finalize.
-void CreateMpiReductions();
+class MpiBackend : public Backend {
+ public:
+  // `comm` stays the caller's. Allreduces longer than `piece_bytes` run in pieces that long
+  // (0: only as MPI's int counts require).
+  MpiBackend(MPI_Comm comm, int64_t piece_bytes);
 
-MPI_Datatype ToMpiType(DataType dtype);
-// The MPI reduction for a dtype MPI reduces natively (not float16 or bfloat16).
-MPI_Op ToMpiOp(ReduceOp op, DataType dtype);
-// float16 and bfloat16 are reduced by ReduceHalves*, not by an MPI reduction.
-inline bool IsHalf(DataType dtype) { return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16; }
+  // 16-bit floats are combined in float32 by this backend, which scales as it rounds.
+  bool ScalesWhileCombining(DataType dtype) const override { return IsHalf(dtype); }
+  Status Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op, double scale,
+                   const std::string& name) override;
+  Status Allgather(const void* in, void* out, const std::vector<int64_t>& counts, DataType dtype,
+                   const std::string& name) override;
+  Status Broadcast(void* data, int64_t count, DataType dtype, int root, const std::string& name) override;
+  Status ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts, DataType dtype, ReduceOp op,
+                       double scale, const std::string& name) override;
+  Status Alltoall(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                  const std::vector<int64_t>& recv_counts, DataType dtype, const std::string& name) override;
 
-// Allreduce of `count` 16-bit floats in place, the result multiplied by `scale`: an alltoall
-// gives each rank one chunk of every rank's buffer, the rank combines them in float32
-// (vectorised) and an allgather returns the combined chunks. The bytes on the wire are those of
-// MPI's own large-message allreduce (reduce-scatter, then allgather), and it runs at memory
-// speed, where MPI's user-defined reductions took 7x the time of a float32 sum. `scratch` is
-// reused between calls. Returns an MPI error code.
-int AllreduceHalves(void* data, int count, DataType dtype, ReduceOp op, double scale, MPI_Comm comm,
-                    std::vector<uint16_t>* scratch);
-// The reduce-scatter half of it: rank r gets counts[r] combined values in `out`.
-int ReduceScatterHalves(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,
-                        double scale, MPI_Comm comm, std::vector<uint16_t>* scratch);
+  static bool IsHalf(DataType dtype) { return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16; }
 
-std::string MpiErrorString(int code);
+ private:
+  // Allreduce of `count` 16-bit floats in place, the result multiplied by `scale`: an alltoall
+  // gives each rank one chunk of every rank's buffer, the rank combines them in float32
+  // (vectorised) and an allgather returns the combined chunks. The bytes on the wire are those
+  // of MPI's own large-message allreduce (reduce-scatter, then allgather), and it runs at
+  // memory speed, where MPI's user-defined reductions took 7x the time of a float32 sum.
+  int AllreduceHalves(void* data, int count, DataType dtype, ReduceOp op, double scale);
+  // Every rank's chunk `rank` of `in` (counts[j] values go to rank j) lands in scratch, then is
+  // combined into `out`: the reduce-scatter half of AllreduceHalves.
+  int CombineChunks(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,
+                    double scale);
+
+  MPI_Comm comm_;
+  int rank_ = 0;
+  int size_ = 1;
+  int64_t piece_bytes_;
+  std::vector<uint16_t> scratch_;  // what CombineChunks receives before combining
+};
+
+// OK, or an Internal error naming the call and the collective with MPI's own text.
+Status MpiStatus(int code, const char* what, const std::string& name);
 
 }  // namespace kerasdist

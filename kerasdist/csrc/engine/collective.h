@@ -1,0 +1,37 @@
+// One rank's collective while the engine holds it: the request, the front end's buffers and
+// callbacks, and how running it went.
+#pragma once
+
+#include <vector>
+
+#include "common.h"
+
+namespace kerasdist {
+
+struct Collective {
+  Request request;
+  std::string signature;  // RequestSignature(request): what the response cache compares
+  std::vector<const void*> inputs;
+  std::vector<void*> outputs;
+  AllocateFn allocate;
+  AliasFn alias;
+  DoneFn done;
+  Clock::time_point enqueued;
+  bool reported = false;  // sent to rank 0 through the slow path
+  Status status;          // first failure while running
+  // A joined rank's stand-in for another rank's allreduce: zeros in, result dropped.
+  bool zeros = false;
+  std::vector<char> zero_input, zero_output;
+  int contributors = 0;  // ranks whose data went in (an Average divides by it); set when it runs
+
+  void Fail(const Status& s) {
+    if (status.ok()) status = s;
+  }
+  // What a reduced output of `dtype` is multiplied by: the postscale, divided by the
+  // contributors for a float Average.
+  double FinishScale(DataType dtype) const;
+  // Applies FinishScale, or an integer Average's division, to `count` reduced values in `out`.
+  void FinishOutput(int index, void* out, int64_t count) const;
+};
+
+}  // namespace kerasdist
