@@ -32,6 +32,10 @@ STOP_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
 INTERPRETER_CHECK_TIMEOUT_S = 30
 # A rank that outlives mpiexec may hold its stderr open; the launcher waits this long for the rest.
 STDERR_DRAIN_TIMEOUT_S = 5
+# After a rank said it ends the job (output.RANK_ENDS_JOB: a rank or a link is gone), mpiexec
+# gets this long to end it. Hydra does in about a second, but waits without end for a proxy on a
+# host it can no longer reach; the ranks there end themselves by the same timeout.
+LAUNCHER_GRACE_S = 10
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
 # What a rank imports: kerasdist and its install_requires.
 RANK_MODULES = ("kerasdist", "tensorflow", "keras", "mpi4py")
@@ -269,12 +273,15 @@ def run_forwarding_signals(argv, copy_stderr=None):
 
     128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
     then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
-    otherwise the child's own status. With ``copy_stderr`` (a function of a file descriptor),
-    the child's stderr is a pipe that a thread hands to it; otherwise the launcher's own.
+    otherwise the child's own status. With ``copy_stderr`` (a function of a file descriptor and
+    an event), the child's stderr is a pipe that a thread hands to it, and the thread sets the
+    event when a rank says it ends the job: the child then gets ``LAUNCHER_GRACE_S`` to exit
+    before it is stopped, and the status is 1. Otherwise stderr is the launcher's own.
     """
     child = None
     copier = None
     received = []
+    rank_ended_job = threading.Event()
 
     def forward(signum, _frame):
         received.append(signum)
@@ -286,11 +293,11 @@ def run_forwarding_signals(argv, copy_stderr=None):
     try:
         child = subprocess.Popen(argv, stderr=subprocess.PIPE if copy_stderr else None)
         if copy_stderr:
-            copier = threading.Thread(target=copy_stderr, args=(child.stderr.fileno(),), daemon=True)
+            copier = threading.Thread(target=copy_stderr, args=(child.stderr.fileno(), rank_ended_job), daemon=True)
             copier.start()
         for signum in received:
             child.send_signal(signum)
-        returncode = child.wait()
+        returncode = _wait_unless_a_rank_ended_the_job(child, rank_ended_job)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -301,6 +308,33 @@ def run_forwarding_signals(argv, copy_stderr=None):
     if returncode < 0:
         return 128 - returncode
     return returncode
+
+
+def _wait_unless_a_rank_ended_the_job(child, rank_ended_job):
+    while True:
+        try:
+            return child.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            if rank_ended_job.is_set():
+                break
+    try:
+        return child.wait(timeout=LAUNCHER_GRACE_S)
+    except subprocess.TimeoutExpired:
+        pass
+    print(
+        f"{PROG}: a rank ended the job (above), and {os.path.basename(child.args[0])} had not exited "
+        f"{LAUNCHER_GRACE_S} s later, waiting for a host it cannot reach: stopping it. The ranks on that "
+        "host end themselves after KERASDIST_COLLECTIVE_TIMEOUT_S.",
+        file=sys.stderr,
+        flush=True,
+    )
+    child.terminate()
+    try:
+        child.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+    return 1
 
 
 def is_python(program):
@@ -425,7 +459,7 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
             print(f"{PROG}: error: every rank would run {problem}\n{instead}", file=sys.stderr)
             return USAGE_ERROR
     stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
-    copy_stderr = (lambda fd: output.copy_showing_startup_notices_once(fd, stderr)) if stderr else None
+    copy_stderr = (lambda fd, ended: output.copy_showing_startup_notices_once(fd, stderr, ended)) if stderr else None
     for attempt in range(args.restarts + 1):
         launch = launch_command(attempt)
         if args.verbose:

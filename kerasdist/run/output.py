@@ -20,6 +20,9 @@ import select
 # A partial line (a prompt, a progress bar redrawn with \r) waits this long for its end, then
 # goes out as it is: start-up notices arrive whole, each in one write.
 PARTIAL_LINE_WAIT_S = 0.1
+# What the engine writes (watchdog.cc's EndJob) when a rank ends the job on purpose: a collective
+# made no progress for KERASDIST_COLLECTIVE_TIMEOUT_S, so a rank or a link is gone.
+RANK_ENDS_JOB = b"so that the launcher ends the job"
 READ_SIZE = 65536
 
 # absl's log-line header is "Immdd hh:mm:ss.micros thread file:line] "; the time and thread differ
@@ -51,9 +54,10 @@ def startup_notice_key(line):
     return match.group("source") or match.group(0)
 
 
-def copy_showing_startup_notices_once(source_fd, destination):
+def copy_showing_startup_notices_once(source_fd, destination, rank_ended_job=None):
     """Copies everything readable from ``source_fd`` to the binary stream ``destination`` until
-    end of file, leaving out each TensorFlow start-up notice already copied."""
+    end of file, leaving out each TensorFlow start-up notice already copied; sets the
+    ``rank_ended_job`` event (a ``threading.Event``) when a line says a rank ends the job."""
     seen = set()
     pending = b""  # the start of a line whose end has not arrived
     while True:
@@ -67,6 +71,8 @@ def copy_showing_startup_notices_once(source_fd, destination):
             break
         *lines, pending = (pending + chunk).split(b"\n")
         for line in lines:
+            if rank_ended_job is not None and RANK_ENDS_JOB in line:
+                rank_ended_job.set()
             key = startup_notice_key(line)
             if key is not None:
                 if key in seen:

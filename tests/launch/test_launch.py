@@ -33,6 +33,23 @@ def test_a_rank_killed_by_sigkill_ends_the_job(tmp_path):
     _assert_the_whole_job_ended_after_the_failure(job)
 
 
+@pytest.mark.parametrize("rank0_is", ["waiting", "moving"], ids=["rank0_waits_in_a_negotiation", "rank0_moves_data"])
+def test_a_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path, rank0_is):
+    """A rank that stops (SIGSTOP: a hung host, a dropped link) errs in nothing and exits never.
+    Rank 0 ends the job, by the watchdog while data moves and by its unanswered questions while
+    it waits, instead of after the 30-minute stall timeout."""
+    timeout_s = 3
+    job = mpirun("frozen_rank.py", rank0_is, cwd=tmp_path, env=child_env(KERASDIST_COLLECTIVE_TIMEOUT_S=timeout_s))
+    assert not job.timed_out and job.returncode == 1, job.describe()
+    detected_after = job.ended - job.marker("FROZEN_AT")
+    # The timeout, plus (when rank 0 waits) the 5 s before its first question (kAskEveryS), plus slack.
+    assert timeout_s <= detected_after < timeout_s + 5 + 5, job.describe()
+    [line] = _library_lines(job, "ERROR")
+    assert "KERASDIST_COLLECTIVE_TIMEOUT_S" in line and "so that the launcher ends the job" in line, job.describe()
+    if rank0_is == "waiting":
+        assert "rank(s) 1 (host " in line, job.describe()
+
+
 def _stall_job(tmp_path, **knobs):
     return mpirun(
         "stall.py", cwd=tmp_path, env=child_env(KERASDIST_STALL_WARNING_S=1, KERASDIST_STALL_TIMEOUT_S=3, **knobs)

@@ -5,6 +5,7 @@ Command lines for Open MPI and Intel MPI are checked with a fake ``mpiexec --ver
 PyPI's MPICH is installed here); every real job runs under a timeout.
 """
 
+import io
 import os
 import re
 import signal
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_job
 
-from kerasdist.run import launcher, mpi
+from kerasdist.run import launcher, mpi, output
 
 HYDRA_VERSION_TEXT = """HYDRA build details:
     Version:                                 5.0.2
@@ -269,6 +270,38 @@ def test_usage_error_from_the_command_line_is_one_line_and_exit_2(tmp_path):
 
 def test_child_killed_by_a_signal_exits_128_plus_it():
     assert launcher.run_forwarding_signals(["sh", "-c", "kill -KILL $$"]) == 128 + signal.SIGKILL
+
+
+def test_an_mpiexec_that_outlives_a_rank_ending_the_job_is_stopped(monkeypatch, capsys):
+    """Hydra waits without end for a proxy on a host it can no longer reach (tests/multihost/
+    test_link_down.py): once a rank said it ends the job, mpiexec gets the grace period."""
+    monkeypatch.setattr(launcher, "LAUNCHER_GRACE_S", 1)
+    copied = io.BytesIO()
+    a_stuck_mpiexec = (
+        "import sys, time; sys.stderr.write('[kerasdist rank 0] ERROR: kerasdist: it stopped. Ending this rank "
+        "with status 1 so that the launcher ends the job.\\n'); sys.stderr.flush(); time.sleep(60)"
+    )
+    started = time.monotonic()
+    status = launcher.run_forwarding_signals(
+        [sys.executable, "-c", a_stuck_mpiexec],
+        lambda fd, ended: output.copy_showing_startup_notices_once(fd, copied, ended),
+    )
+    assert status == 1 and time.monotonic() - started < 15
+    assert b"so that the launcher ends the job" in copied.getvalue()
+    assert "had not exited 1 s later" in capsys.readouterr().err
+
+
+def test_an_mpiexec_still_ending_the_job_in_the_grace_period_keeps_its_status(monkeypatch):
+    monkeypatch.setattr(launcher, "LAUNCHER_GRACE_S", 30)
+    ends_in_time = (
+        "import sys, time; sys.stderr.write('so that the launcher ends the job\\n'); sys.stderr.flush(); "
+        "time.sleep(1); sys.exit(7)"
+    )
+    status = launcher.run_forwarding_signals(
+        [sys.executable, "-c", ends_in_time],
+        lambda fd, ended: output.copy_showing_startup_notices_once(fd, io.BytesIO(), ended),
+    )
+    assert status == 7
 
 
 def test_exit_status_of_a_real_job_is_passed_through(tmp_path):

@@ -48,6 +48,8 @@ const std::map<std::string, Setter>& Setters() {
        [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.stall_timeout_s); }},
       {"mismatch_timeout_s",
        [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.mismatch_timeout_s); }},
+      {"collective_timeout_s",
+       [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.collective_timeout_s); }},
       {"cache_capacity",
        [](kerasdist::EngineOptions& o, const std::string& t) {
          int64_t value = 0;

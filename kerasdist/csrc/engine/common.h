@@ -113,6 +113,7 @@ struct EngineOptions {
   double stall_warning_s = 0.0;        // 0 disables warnings
   double stall_timeout_s = 0.0;        // 0: wait forever
   double mismatch_timeout_s = 0.0;     // every rank blocked in a different call; 0: never
+  double collective_timeout_s = 0.0;   // an agreed collective without progress ends the job; 0: never
   int cache_capacity = 0;              // requests that may take the fast path
   std::string timeline_path;           // written by rank 0 when set
   int log_level = 0;                   // 0 debug, 1 info, 2 warning, 3 error

@@ -66,7 +66,9 @@ Status Engine::Start(const EngineOptions& options) {
   if (options_.fusion_threshold_bytes > 0 && !fusion_buffer_factory_) {
     return Status::Internal("kerasdist: no fusion buffer factory; the op library registers one when it loads");
   }
-  backend_ = std::make_unique<MpiBackend>(comm_, options_.fusion_threshold_bytes);
+  watchdog_ = std::make_unique<Watchdog>(options_.collective_timeout_s, stall_inspector_->RankAndHost(rank_));
+  backend_ = std::make_unique<WatchedBackend>(std::make_unique<MpiBackend>(comm_, options_.fusion_threshold_bytes),
+                                              watchdog_.get());
   fusion_ = std::make_unique<Fusion>(options_, backend_.get(), &timeline_, fusion_buffer_factory_);
   if (rank_ == 0 && !options_.timeline_path.empty() && !timeline_.Open(options_.timeline_path)) {
     Log(2, "cannot write the timeline to '%s'; continuing without it", options_.timeline_path.c_str());
@@ -342,6 +344,9 @@ bool Engine::SlowPath(const std::vector<int32_t>& invalidations, std::vector<Rea
     e->reported = true;
   }
 
+  // Every rank has entered this cycle's slow path (the bitwise AND said so): from here on, only a
+  // rank or a link that is gone can keep the exchange from completing.
+  watchdog_->Arm("the slow-path negotiation");
   int my_size = static_cast<int>(out.bytes().size());
   std::vector<int> sizes(rank_ == 0 ? size_ : 0);
   MPI_Gather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_);
@@ -372,6 +377,8 @@ bool Engine::SlowPath(const std::vector<int32_t>& invalidations, std::vector<Rea
   MPI_Bcast(&answer_size, 1, MPI_INT, 0, comm_);
   answer.bytes().resize(answer_size);
   MPI_Bcast(answer.bytes().data(), answer_size, MPI_BYTE, 0, comm_);
+
+  watchdog_->Disarm();
 
   ByteReader in(answer.bytes().data(), answer.bytes().size());
   std::vector<int64_t> evicted64 = in.GetInts();

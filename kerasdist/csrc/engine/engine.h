@@ -13,7 +13,8 @@
 // The engine runs the cycle and owns the pending collectives; its parts have one job each:
 // Coordinator (rank 0's validation and ordering), ResponseCache (the fast path's slots),
 // StallInspector (what a long wait for peers reports), Fusion (packing allreduces into
-// buffers) and a Backend (moving the data: MpiBackend for host memory).
+// buffers), a Backend (moving the data: MpiBackend for host memory) and a Watchdog (ending
+// the job when agreed data movement stops).
 #pragma once
 
 #include <mpi.h>
@@ -36,6 +37,7 @@
 #include "response_cache.h"
 #include "stall_inspector.h"
 #include "timeline.h"
+#include "watchdog.h"
 
 namespace kerasdist {
 
@@ -115,7 +117,8 @@ class Engine {
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
   std::unique_ptr<StallInspector> stall_inspector_;
-  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<Backend> backend_;  // watched by watchdog_
   std::unique_ptr<Fusion> fusion_;
   FusionBufferFactory fusion_buffer_factory_;
   std::atomic<bool> timed_out_{false};

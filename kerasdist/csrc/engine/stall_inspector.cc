@@ -1,26 +1,47 @@
 #include "stall_inspector.h"
 
+#include <algorithm>
+#include <cstring>
+#include <sstream>
 #include <thread>
 
 #include "mpi_backend.h"
+#include "watchdog.h"
 
 namespace kerasdist {
 namespace {
 
 constexpr int kTagStallQuery = 17;  // point-to-point tags on the engine's communicator
 constexpr int kTagStallReply = 18;
+// While the collective timeout is on, a waiting rank asks its peers this often whether they are
+// there, so that one gone is noticed within the timeout and this.
+constexpr double kAskEveryS = 5.0;
 
 }  // namespace
 
 StallInspector::StallInspector(MPI_Comm comm, const EngineOptions& options) : comm_(comm), options_(options) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  unanswered_since_.assign(size_, Clock::time_point{});
+  // Every rank's host name, once, so that a message about a peer can say where it runs.
+  char mine[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  MPI_Get_processor_name(mine, &length);
+  std::vector<char> all(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME) * size_);
+  MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_);
+  for (int r = 0; r < size_; ++r) {
+    const char* name = all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts_.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
+  }
 }
 
 Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<std::string()>& pending_names) {
   const auto start = Clock::now();
   auto next_warning = start + std::chrono::duration<double>(options_.stall_warning_s);
-  bool asked = false;
+  // Questions to the peers: for the stall warning (half-way to it) and to see that they are there.
+  double ask_every_s = options_.stall_warning_s > 0 ? options_.stall_warning_s / 2 : 0;
+  if (options_.collective_timeout_s > 0) ask_every_s = ask_every_s > 0 ? std::min(ask_every_s, kAskEveryS) : kAskEveryS;
+  auto next_ask = start + std::chrono::duration<double>(ask_every_s);
   in_negotiation_ = true;
   while (true) {
     int done = 0;
@@ -42,16 +63,16 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
     if (waited < 0.05) continue;
     AnswerQueries();
     auto now = Clock::now();
-    if (options_.stall_warning_s > 0 && !asked && Seconds(now - start) > options_.stall_warning_s / 2) {
-      AskWhoIsMissing();
-      asked = true;
+    if (ask_every_s > 0 && now >= next_ask) {
+      AskWhoIsMissing(now);
+      next_ask = now + std::chrono::duration<double>(ask_every_s);
     }
+    CheckPeersAnswer(now, Seconds(now - start));
     if (options_.stall_warning_s > 0 && now >= next_warning) {
       Log(2, "stall: waited %.0f s for %s to submit collectives; pending on this rank: %s. "
              "Every rank must run the same collectives.",
           Seconds(now - start), MissingRanks().c_str(), pending_names().c_str());
       next_warning = now + std::chrono::duration<double>(options_.stall_warning_s);
-      asked = false;
     }
     if (options_.stall_timeout_s > 0 && Seconds(now - start) > options_.stall_timeout_s) {
       return Status::DeadlineExceeded(
@@ -75,16 +96,42 @@ void StallInspector::AnswerQueries() {
       MPI_Send(&reply, 1, MPI_INT64_T, status.MPI_SOURCE, kTagStallReply, comm_);
     } else {
       peer_cycle_[status.MPI_SOURCE] = message;
+      unanswered_since_[status.MPI_SOURCE] = Clock::time_point{};
     }
   }
 }
 
-void StallInspector::AskWhoIsMissing() {
+void StallInspector::AskWhoIsMissing(Clock::time_point now) {
   peer_cycle_.assign(size_, -2);  // -2: no answer yet
   int64_t query = cycles_done_;
   for (int r = 0; r < size_; ++r) {
-    if (r != rank_) MPI_Send(&query, 1, MPI_INT64_T, r, kTagStallQuery, comm_);
+    if (r == rank_) continue;
+    MPI_Send(&query, 1, MPI_INT64_T, r, kTagStallQuery, comm_);
+    if (unanswered_since_[r] == Clock::time_point{}) unanswered_since_[r] = now;
   }
+}
+
+void StallInspector::CheckPeersAnswer(Clock::time_point now, double waited_s) const {
+  if (options_.collective_timeout_s <= 0) return;
+  std::string gone;
+  for (int r = 0; r < size_; ++r) {
+    const Clock::time_point asked = unanswered_since_[r];
+    if (asked == Clock::time_point{} || Seconds(now - asked) < options_.collective_timeout_s) continue;
+    gone += (gone.empty() ? "" : ", ") + RankAndHost(r);
+  }
+  if (gone.empty()) return;
+  std::ostringstream message;
+  message.precision(1);
+  message << std::fixed << "rank(s) " << gone << " left this rank's questions unanswered for "
+          << options_.collective_timeout_s << " s (KERASDIST_COLLECTIVE_TIMEOUT_S) while rank " << RankAndHost(rank_)
+          << " waited " << waited_s
+          << " s for them in a negotiation; a rank that computes still answers, so the rank or the network to it "
+             "is gone";
+  EndJob(message.str());
+}
+
+std::string StallInspector::RankAndHost(int rank) const {
+  return std::to_string(rank) + " (host " + hosts_[rank] + ")";
 }
 
 std::string StallInspector::MissingRanks() const {

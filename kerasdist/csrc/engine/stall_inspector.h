@@ -2,6 +2,11 @@
 // which ranks are in no collective at all and which do not answer. The questions travel as
 // point-to-point messages that an idle rank's engine thread answers without joining a
 // negotiation. (Rank 0's view, which names what is missing, is the Coordinator's.)
+//
+// A peer that computes (an evaluation on rank 0, a checkpoint) still answers within a fraction
+// of a second, so one that leaves a question unanswered for KERASDIST_COLLECTIVE_TIMEOUT_S is
+// gone, or so is the network to it: the rank then ends the job, as the Watchdog does for data
+// movement that stops.
 #pragma once
 
 #include <mpi.h>
@@ -23,10 +28,14 @@ class StallInspector {
   Status WaitForPeers(MPI_Request* request, const std::function<std::string()>& pending_names);
   // Answers the other ranks' questions; an idle engine calls it now and then.
   void AnswerQueries();
+  // "1 (host node2)", for messages.
+  std::string RankAndHost(int rank) const;
 
  private:
-  void AskWhoIsMissing();
+  void AskWhoIsMissing(Clock::time_point now);
   std::string MissingRanks() const;
+  // Ends the job if a peer has left a question unanswered for the collective timeout.
+  void CheckPeersAnswer(Clock::time_point now, double waited_s) const;
 
   MPI_Comm comm_;
   int rank_ = 0;
@@ -35,6 +44,8 @@ class StallInspector {
   int64_t cycles_done_ = 0;  // negotiations completed, equal on every rank
   bool in_negotiation_ = false;
   std::vector<int64_t> peer_cycle_;  // last reply per rank: the cycle it waits in, or -1 if idle
+  std::vector<Clock::time_point> unanswered_since_;  // per rank: its oldest unanswered question, or {}
+  std::vector<std::string> hosts_;                   // per rank, for messages
 };
 
 }  // namespace kerasdist

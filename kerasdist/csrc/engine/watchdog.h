@@ -1,0 +1,76 @@
+// Ends the job when a collective that every rank agreed to run makes no progress: a rank or the
+// network between ranks is gone, and the blocked MPI call would otherwise wait for TCP's own
+// timeouts (many minutes) or for ever. Only data movement after negotiation is watched; the wait
+// for ranks that have not submitted yet (one evaluating or checkpointing) is the stall
+// timeout's, so a slow rank never trips this.
+#pragma once
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "backend.h"
+
+namespace kerasdist {
+
+// Logs `message` with how the job ends, and ends this rank with status 1, so that the launcher
+// ends the job. Not MPI_Abort: it may try to reach the ranks that are gone, and wait for them.
+[[noreturn]] void EndJob(const std::string& message);
+
+class Watchdog {
+ public:
+  // 0 seconds: never fires (and starts no thread).
+  Watchdog(double timeout_s, std::string rank_and_host);
+  ~Watchdog();
+
+  // `what` (e.g. "allreduce 'w'") runs from now on; re-arming counts as progress.
+  void Arm(std::string what);
+  void Disarm();
+
+ private:
+  void Watch();
+
+  const double timeout_s_;
+  const std::string rank_and_host_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool armed_ = false;         // guarded by mu_
+  bool stopping_ = false;      // guarded by mu_
+  Clock::time_point since_;    // guarded by mu_
+  std::string what_;           // guarded by mu_
+  std::thread thread_;
+};
+
+// A backend whose every call the watchdog watches.
+class WatchedBackend : public Backend {
+ public:
+  WatchedBackend(std::unique_ptr<Backend> inner, Watchdog* watchdog)
+      : inner_(std::move(inner)), watchdog_(watchdog) {}
+
+  bool ScalesWhileCombining(DataType dtype) const override { return inner_->ScalesWhileCombining(dtype); }
+  Status Allreduce(const void* in, void* out, int64_t count, DataType dtype, ReduceOp op, double scale,
+                   const std::string& name) override;
+  Status Allgather(const void* in, void* out, const std::vector<int64_t>& counts, DataType dtype,
+                   const std::string& name) override;
+  Status Broadcast(void* data, int64_t count, DataType dtype, int root, const std::string& name) override;
+  Status ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts, DataType dtype, ReduceOp op,
+                       double scale, const std::string& name) override;
+  Status Alltoall(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                  const std::vector<int64_t>& recv_counts, DataType dtype, const std::string& name) override;
+
+ private:
+  template <typename Call>
+  Status Watched(const char* what, const std::string& name, Call call) {
+    watchdog_->Arm(std::string(what) + " '" + name + "'");
+    Status status = call();
+    watchdog_->Disarm();
+    return status;
+  }
+
+  std::unique_ptr<Backend> inner_;
+  Watchdog* watchdog_;
+};
+
+}  // namespace kerasdist
