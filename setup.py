@@ -10,7 +10,8 @@ The library is compiled against the TensorFlow found in the build environment
 An rpath (``$ORIGIN``-relative, then absolute) lets ``tf.load_op_library`` find
 ``libmpi`` without ``LD_LIBRARY_PATH``. mpi4py must use the same MPI.
 
-``build_info.json`` beside the library records that MPI, its ``mpiexec`` and flavour (which
+``build_info.json`` beside the library records that MPI, its compile and link flags (which
+tests/engine builds the engine with, without TensorFlow), its ``mpiexec`` and flavour (which
 ``kerasdist-run`` launches with) and the TensorFlow version.
 """
 
@@ -128,6 +129,7 @@ class BuildOpLibrary(build_ext):
             json.dump(
                 {
                     "mpi": mpi_source,
+                    "mpi_compile_flags": mpi_compile,
                     "mpi_link_flags": mpi_link,
                     "mpiexec": mpiexec,
                     "mpi_flavour": flavour,

@@ -1,4 +1,7 @@
-// The C entry points Python reaches through ctypes (the TF ops reach the engine directly).
+// The C entry points Python reaches through ctypes (the TF ops reach the engine directly), and
+// collectives on caller-owned host memory, through which tests/engine drives the engine alone.
+#include "c_api.h"
+
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -6,12 +9,33 @@
 #include <functional>
 #include <future>
 #include <map>
+#include <memory>
+#include <new>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "engine.h"
 
 namespace {
+
+using kerasdist::DataType;
+using kerasdist::ReduceOp;
+using kerasdist::StatusCode;
+
+static_assert(KERASDIST_UINT8 == int(DataType::kUInt8) && KERASDIST_INT8 == int(DataType::kInt8) &&
+              KERASDIST_INT32 == int(DataType::kInt32) && KERASDIST_INT64 == int(DataType::kInt64) &&
+              KERASDIST_FLOAT16 == int(DataType::kFloat16) && KERASDIST_BFLOAT16 == int(DataType::kBFloat16) &&
+              KERASDIST_FLOAT32 == int(DataType::kFloat32) && KERASDIST_FLOAT64 == int(DataType::kFloat64) &&
+              KERASDIST_BOOL == int(DataType::kBool));
+static_assert(KERASDIST_AVERAGE == int(ReduceOp::kAverage) && KERASDIST_SUM == int(ReduceOp::kSum) &&
+              KERASDIST_MIN == int(ReduceOp::kMin) && KERASDIST_MAX == int(ReduceOp::kMax) &&
+              KERASDIST_PRODUCT == int(ReduceOp::kProduct));
+static_assert(KERASDIST_OK == int(StatusCode::kOk) && KERASDIST_INVALID_ARGUMENT == int(StatusCode::kInvalidArgument) &&
+              KERASDIST_FAILED_PRECONDITION == int(StatusCode::kFailedPrecondition) &&
+              KERASDIST_ABORTED == int(StatusCode::kAborted) &&
+              KERASDIST_DEADLINE_EXCEEDED == int(StatusCode::kDeadlineExceeded) &&
+              KERASDIST_INTERNAL == int(StatusCode::kInternal));
 
 bool ParseInteger(const std::string& text, int64_t low, int64_t high, int64_t* value) {
   char* end = nullptr;
@@ -79,6 +103,64 @@ int Fail(const std::string& message, char* error, int error_size) {
   return 1;
 }
 
+// 0, or the status code with the message in `error`.
+int Answer(const kerasdist::Status& status, char* error, int error_size) {
+  if (status.ok()) return 0;
+  Fail(status.message, error, error_size);
+  return static_cast<int>(status.code);
+}
+
+// Fusion memory for a front end without its own (the C API alone, as in tests/engine). Outputs
+// are copied out of it (see kerasdist_grouped_allreduce), so it is free again once the fused
+// allreduce is done.
+class HeapFusionBuffer : public kerasdist::FusionBuffer {
+ public:
+  static std::unique_ptr<kerasdist::FusionBuffer> New(size_t bytes) {
+    void* data = ::operator new(bytes, kAlignment, std::nothrow);
+    if (!data) return nullptr;  // the engine reports it
+    return std::unique_ptr<kerasdist::FusionBuffer>(new HeapFusionBuffer(static_cast<char*>(data), bytes));
+  }
+  HeapFusionBuffer(const HeapFusionBuffer&) = delete;
+  HeapFusionBuffer& operator=(const HeapFusionBuffer&) = delete;
+  ~HeapFusionBuffer() override { ::operator delete(data_, kAlignment); }
+  char* data() override { return data_; }
+  size_t size() const override { return size_; }
+  bool InUse() const override { return false; }
+
+ private:
+  // Fused tensors start at multiples of 64 bytes from the buffer's start: with the buffer
+  // aligned alike, each one is as aligned as in TensorFlow's buffers.
+  static constexpr std::align_val_t kAlignment{64};
+  HeapFusionBuffer(char* data, size_t size) : data_(data), size_(size) {}
+  char* data_;
+  size_t size_;
+};
+
+bool IsDataType(int value) { return value >= KERASDIST_UINT8 && value <= KERASDIST_BOOL; }
+bool IsReduceOp(int value) { return value >= KERASDIST_AVERAGE && value <= KERASDIST_PRODUCT; }
+
+// Fails a call whose arguments are wrong on this rank, and tells the other ranks (as the
+// engine does for its own local checks), so that they fail the same call instead of waiting.
+int RefuseLocally(const char* name, kerasdist::OpKind kind, const std::string& message, char* error,
+                  int error_size) {
+  kerasdist_submit_failure(name, static_cast<int>(kind), message.c_str());
+  Fail(message, error, error_size);
+  return KERASDIST_INVALID_ARGUMENT;
+}
+
+// Enqueues `request` and waits until the engine has run it: the caller's buffers outlive it.
+kerasdist::Status RunAndWait(kerasdist::Request request, std::vector<const void*> inputs,
+                             std::vector<void*> outputs, kerasdist::AllocateFn allocate,
+                             kerasdist::AliasFn alias) {
+  request.blocking = true;  // the caller waits for it alone
+  std::promise<kerasdist::Status> finished;
+  std::future<kerasdist::Status> result = finished.get_future();
+  kerasdist::Status status = kerasdist::Engine::Get().Enqueue(
+      std::move(request), std::move(inputs), std::move(outputs), std::move(allocate), std::move(alias),
+      [&finished](const kerasdist::Status& s) { finished.set_value(s); });
+  return status.ok() ? result.get() : status;
+}
+
 }  // namespace
 
 extern "C" {
@@ -103,7 +185,10 @@ int kerasdist_start(int count, const char* const* names, const char* const* valu
       return Fail("kerasdist: engine setting " + entry.first + " was not given", error, error_size);
     }
   }
-  kerasdist::Status status = kerasdist::Engine::Get().Start(options);
+  kerasdist::Engine& engine = kerasdist::Engine::Get();
+  // The op library registers TensorFlow-backed buffers when it loads; without it, heap ones.
+  if (!engine.has_fusion_buffer_factory()) engine.SetFusionBufferFactory(HeapFusionBuffer::New);
+  kerasdist::Status status = engine.Start(options);
   return status.ok() ? 0 : Fail(status.message, error, error_size);
 }
 
@@ -126,23 +211,126 @@ int kerasdist_join(int* last_joined_rank, char* error, int error_size) {
   kerasdist::Request request;
   request.name = "kerasdist.join";
   request.kind = kerasdist::OpKind::kJoin;
-  request.blocking = true;  // the caller waits for it alone
   int32_t last = -1;
-  std::promise<kerasdist::Status> finished;
-  std::future<kerasdist::Status> result = finished.get_future();
-  kerasdist::Status status = kerasdist::Engine::Get().Enqueue(
-      std::move(request), {}, {&last}, nullptr, nullptr,
-      [&finished](const kerasdist::Status& s) { finished.set_value(s); });
-  if (status.ok()) status = result.get();
-  if (!status.ok()) {
-    Fail(status.message, error, error_size);
-    return static_cast<int>(status.code);
-  }
-  *last_joined_rank = last;
-  return 0;
+  kerasdist::Status status = RunAndWait(std::move(request), {}, {&last}, nullptr, nullptr);
+  if (status.ok()) *last_joined_rank = last;
+  return Answer(status, error, error_size);
 }
 
 // 1 when the engine gave up waiting for other ranks: its communicator is then unusable.
 int kerasdist_stalled() { return kerasdist::Engine::Get().stalled() ? 1 : 0; }
+
+// Allreduces `tensor_count` tensors of one dtype as one request (fused when the fusion threshold
+// allows) and waits for the results: outputs[i] receives counts[i] reduced values, and may be
+// inputs[i]. `wire_dtype` is `dtype`, or float16/bfloat16 to send float32/float64 compressed.
+int kerasdist_grouped_allreduce(const char* name, int tensor_count, const void* const* inputs, void* const* outputs,
+                                const int64_t* counts, int dtype, int wire_dtype, int reduce_op, double prescale,
+                                double postscale, char* error, int error_size) {
+  const auto kind = kerasdist::OpKind::kAllreduce;
+  const std::string quoted = std::string("'") + name + "'";
+  if (tensor_count < 1) return RefuseLocally(name, kind, "kerasdist: " + quoted + " has no tensors", error, error_size);
+  if (!IsDataType(dtype) || !IsDataType(wire_dtype) || !IsReduceOp(reduce_op)) {
+    return RefuseLocally(name, kind, "kerasdist: " + quoted + " has an unknown dtype or reduce op", error, error_size);
+  }
+  const bool compressible = dtype == KERASDIST_FLOAT32 || dtype == KERASDIST_FLOAT64;
+  if (wire_dtype != dtype && !(compressible && (wire_dtype == KERASDIST_FLOAT16 || wire_dtype == KERASDIST_BFLOAT16))) {
+    return RefuseLocally(name, kind,
+                         "kerasdist: " + quoted + ": only float32/float64 travel compressed, as float16 or bfloat16",
+                         error, error_size);
+  }
+  kerasdist::Request request;
+  request.name = name;
+  request.kind = kind;
+  request.reduce_op = static_cast<ReduceOp>(reduce_op);
+  request.prescale = prescale;
+  request.postscale = postscale;
+  for (int i = 0; i < tensor_count; ++i) {
+    if (counts[i] < 0) {
+      return RefuseLocally(name, kind, "kerasdist: " + quoted + " has a negative count", error, error_size);
+    }
+    kerasdist::TensorSpec spec;
+    spec.dtype = static_cast<DataType>(dtype);
+    spec.wire = static_cast<DataType>(wire_dtype);
+    spec.shape = {counts[i]};
+    request.tensors.push_back(spec);
+  }
+  std::vector<void*> results(outputs, outputs + tensor_count);
+  kerasdist::AllocateFn allocate = [results](int index, const kerasdist::Shape&, void** data) {
+    *data = results[index];
+    return kerasdist::Status::OK();
+  };
+  // A fused result stays in the fusion buffer; the caller's memory gets a copy of it.
+  const size_t item_size = kerasdist::DataTypeSize(static_cast<DataType>(dtype));
+  kerasdist::AliasFn alias = [results, item_size](int index, kerasdist::FusionBuffer* buffer, size_t offset,
+                                                  const kerasdist::Shape& shape) {
+    std::memcpy(results[index], buffer->data() + offset, kerasdist::NumElements(shape) * item_size);
+    return kerasdist::Status::OK();
+  };
+  kerasdist::Status status = RunAndWait(std::move(request), std::vector<const void*>(inputs, inputs + tensor_count),
+                                        {}, std::move(allocate), std::move(alias));
+  return Answer(status, error, error_size);
+}
+
+// Broadcasts `count` values of `buffer` from `root_rank` into `buffer` on every other rank.
+int kerasdist_broadcast(const char* name, void* buffer, int64_t count, int dtype, int root_rank, char* error,
+                        int error_size) {
+  const auto kind = kerasdist::OpKind::kBroadcast;
+  if (!IsDataType(dtype) || count < 0) {
+    return RefuseLocally(name, kind, std::string("kerasdist: '") + name + "' has an unknown dtype or a negative count",
+                         error, error_size);
+  }
+  kerasdist::Request request;
+  request.name = name;
+  request.kind = kind;
+  request.root_rank = root_rank;
+  kerasdist::TensorSpec spec;
+  spec.dtype = spec.wire = static_cast<DataType>(dtype);
+  spec.shape = {count};
+  request.tensors.push_back(spec);
+  return Answer(RunAndWait(std::move(request), {buffer}, {buffer}, nullptr, nullptr), error, error_size);
+}
+
+// Gathers every rank's `rows` x `row_elements` values (rows may differ between ranks) into
+// `output`, in rank order, and writes the number of rows gathered. A result of more than
+// `output_capacity_rows` rows fails with kInvalidArgument on this rank only, after the rows
+// were counted.
+int kerasdist_allgather(const char* name, const void* input, int64_t rows, int64_t row_elements, int dtype,
+                        void* output, int64_t output_capacity_rows, int64_t* gathered_rows, char* error,
+                        int error_size) {
+  const auto kind = kerasdist::OpKind::kAllgather;
+  if (!IsDataType(dtype) || rows < 0 || row_elements < 0) {
+    return RefuseLocally(name, kind, std::string("kerasdist: '") + name + "' has an unknown dtype or a negative size",
+                         error, error_size);
+  }
+  kerasdist::Request request;
+  request.name = name;
+  request.kind = kind;
+  kerasdist::TensorSpec spec;
+  spec.dtype = spec.wire = static_cast<DataType>(dtype);
+  spec.shape = {rows, row_elements};
+  request.tensors.push_back(spec);
+  int64_t total_rows = -1;
+  // A result that does not fit lands here instead: failing the allocation would leave the
+  // other ranks inside the gather without this one.
+  std::vector<char> overflow;
+  kerasdist::AllocateFn allocate = [&](int, const kerasdist::Shape& shape, void** data) {
+    total_rows = shape[0];
+    if (total_rows <= output_capacity_rows) {
+      *data = output;
+    } else {
+      overflow.resize(kerasdist::NumElements(shape) * kerasdist::DataTypeSize(spec.dtype));
+      *data = overflow.data();
+    }
+    return kerasdist::Status::OK();
+  };
+  kerasdist::Status status = RunAndWait(std::move(request), {input}, {}, std::move(allocate), nullptr);
+  if (status.ok()) *gathered_rows = total_rows;
+  if (status.ok() && total_rows > output_capacity_rows) {
+    status = kerasdist::Status::InvalidArgument("kerasdist: allgather '" + std::string(name) + "' gathered " +
+                                                std::to_string(total_rows) + " rows; the output holds " +
+                                                std::to_string(output_capacity_rows));
+  }
+  return Answer(status, error, error_size);
+}
 
 }  // extern "C"
