@@ -52,6 +52,9 @@ Status Engine::Start(const EngineOptions& options) {
         "kerasdist: MPI was initialized without MPI_THREAD_MULTIPLE; let kerasdist.init() "
         "initialize MPI (or set mpi4py.rc.thread_level = 'multiple')");
   }
+  if (options.fusion_threshold_bytes > 0 && !fusion_buffer_factory_) {
+    return Status::Internal("kerasdist: no fusion buffer factory; the op library registers one when it loads");
+  }
   options_ = options;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
@@ -63,9 +66,6 @@ Status Engine::Start(const EngineOptions& options) {
   cache_.Reset(options_.cache_capacity);
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, options_, &cache_);
   stall_inspector_ = std::make_unique<StallInspector>(comm_, options_);
-  if (options_.fusion_threshold_bytes > 0 && !fusion_buffer_factory_) {
-    return Status::Internal("kerasdist: no fusion buffer factory; the op library registers one when it loads");
-  }
   watchdog_ = std::make_unique<Watchdog>(options_.collective_timeout_s, stall_inspector_->RankAndHost(rank_));
   backend_ = std::make_unique<WatchedBackend>(std::make_unique<MpiBackend>(comm_, options_.fusion_threshold_bytes),
                                               watchdog_.get());
@@ -477,9 +477,11 @@ Status Engine::RunAllgather(Collective* c, const Response& r) {
     counts[i] = r.rank_rows[i] * row;
   }
   void* out = nullptr;
-  Status s = c->allocate(0, out_shape, &out);
-  if (!s.ok()) return s;
-  return backend_->Allgather(c->inputs[0], out, counts, spec.dtype, c->request.name);
+  const Status allocated = c->allocate(0, out_shape, &out);
+  std::vector<char> stand_in;
+  if (!allocated.ok()) out = StandInOutput(NumElements(out_shape) * DataTypeSize(spec.dtype), &stand_in, c->request.name);
+  Status s = backend_->Allgather(c->inputs[0], out, counts, spec.dtype, c->request.name);
+  return allocated.ok() ? s : allocated;
 }
 
 Status Engine::RunBroadcast(Collective* c) {
@@ -523,13 +525,18 @@ Status Engine::RunAlltoall(Collective* c, const Response& r) {
   }
   void* out = nullptr;
   void* splits_out = nullptr;
-  Status s = c->allocate(0, out_shape, &out);
-  if (s.ok()) s = c->allocate(1, Shape{size_}, &splits_out);
-  if (!s.ok()) return s;
-  for (int i = 0; i < size_; ++i) {
-    static_cast<int32_t*>(splits_out)[i] = static_cast<int32_t>(r.alltoall_rows[i * size_ + rank_]);
+  Status allocated = c->allocate(0, out_shape, &out);
+  if (allocated.ok()) allocated = c->allocate(1, Shape{size_}, &splits_out);
+  std::vector<char> stand_in;
+  if (!allocated.ok()) {
+    out = StandInOutput(NumElements(out_shape) * DataTypeSize(spec.dtype), &stand_in, c->request.name);
+  } else {
+    for (int i = 0; i < size_; ++i) {
+      static_cast<int32_t*>(splits_out)[i] = static_cast<int32_t>(r.alltoall_rows[i * size_ + rank_]);
+    }
   }
-  return backend_->Alltoall(c->inputs[0], send, out, recv, spec.dtype, c->request.name);
+  Status s = backend_->Alltoall(c->inputs[0], send, out, recv, spec.dtype, c->request.name);
+  return allocated.ok() ? s : allocated;
 }
 
 void Engine::Finish(Collective* e, const Status& status) {

@@ -92,8 +92,9 @@ void Fusion::RunAlone(Collective* c, int t) {
   if (spec.compressed()) return RunAloneCompressed(c, t);
   const int64_t count = NumElements(spec.shape);
   void* out = nullptr;
-  Status s = c->allocate(t, spec.shape, &out);
-  if (!s.ok()) return c->Fail(s);
+  const Status allocated = c->allocate(t, spec.shape, &out);
+  std::vector<char> stand_in;
+  if (!allocated.ok()) out = StandInOutput(count * DataTypeSize(spec.dtype), &stand_in, c->request.name);
   const void* in = c->inputs[t];
   auto start = Clock::now();
   if (c->request.prescale != 1.0) {
@@ -102,8 +103,9 @@ void Fusion::RunAlone(Collective* c, int t) {
   }
   // Where the backend scales while it combines, the finishing scale needs no pass of its own.
   const bool scaled_while_combined = backend_->ScalesWhileCombining(spec.dtype);
-  s = backend_->Allreduce(in, out, count, spec.dtype, c->request.reduce_op,
-                          scaled_while_combined ? c->FinishScale(spec.dtype) : 1.0, c->request.name);
+  Status s = backend_->Allreduce(in, out, count, spec.dtype, c->request.reduce_op,
+                                 scaled_while_combined ? c->FinishScale(spec.dtype) : 1.0, c->request.name);
+  if (!allocated.ok()) return c->Fail(allocated);
   if (!s.ok()) return c->Fail(s);
   auto reduced = Clock::now();
   if (!scaled_while_combined) c->FinishOutput(t, out, count);
