@@ -1,6 +1,7 @@
 """Checkpoints that one rank writes atomically, and resuming training from them."""
 
 import collections
+import contextlib
 import json
 import os
 import tempfile
@@ -264,20 +265,13 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     def _save(self, name, epochs_done):
         """Writes one checkpoint so that a crash at any point leaves the previous one usable."""
         path = os.path.join(self.directory, name)
-        partial = os.path.join(self.directory, PARTIAL_PREFIX + name)  # ends in .keras, as save() wants
         metadata = {"epoch": epochs_done, "monitor": self.monitor, "best": self.best if self.save_best_only else None}
-        try:
+        with _partial_file_for(path) as partial:
             self.model.save(partial)
             # The epoch travels inside the archive, so it is replaced together with the weights
             # even when every save goes to the same file name.
             with zipfile.ZipFile(partial, "a") as archive:
                 archive.writestr(METADATA_ENTRY, json.dumps(metadata))
-            _fsync_file(partial)
-            os.replace(partial, path)
-            _fsync_file(self.directory)
-        finally:
-            if os.path.exists(partial):
-                os.remove(partial)
         self._kept = [kept for kept in self._kept if kept != name] + [name]
         dropped = []
         if self.keep_last is not None:
@@ -390,15 +384,45 @@ def _fsync_file(path):
 
 
 def _write_atomically(path, text):
-    directory, name = os.path.split(path)
-    partial = os.path.join(directory, PARTIAL_PREFIX + name)
-    try:
+    with _partial_file_for(path) as partial:
         with open(partial, "w") as file:
             file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
+
+
+@contextlib.contextmanager
+def _partial_file_for(path):
+    """A new file beside ``path`` to write it in, renamed over ``path`` (flushed to disk first)
+    when the block ends without an error, and removed otherwise.
+
+    It is created exclusively under a name nobody can guess, so a file or link that someone
+    else put in the directory is never written through; it ends in ``path``'s suffix (Keras's
+    save() wants ``.keras``), and gets the user's umask, as a file made with open() would.
+    """
+    directory, name = os.path.split(path)
+    stem, suffix = os.path.splitext(name)
+    handle, partial = tempfile.mkstemp(prefix=f"{PARTIAL_PREFIX}{stem}-", suffix=suffix, dir=directory)
+    os.close(handle)
+    try:
+        yield partial
+        os.chmod(partial, 0o666 & ~_umask())
+        _fsync_file(partial)
         os.replace(partial, path)
         _fsync_file(directory)
     finally:
         if os.path.exists(partial):
             os.remove(partial)
+
+
+def _umask():
+    """The process's umask, read without setting it: os.umask() can only set it, and setting and
+    restoring it would race other threads that create files meanwhile."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import zipfile
 from pathlib import Path
 
 import keras
@@ -459,6 +460,29 @@ def test_a_checkpoint_of_another_model_fails_every_rank_when_fit_starts(shared_d
 def test_invalid_arguments_are_refused_before_any_collective(shared_dir, arguments):
     with pytest.raises(ValueError):
         Rank0Checkpoint(shared_dir, **arguments)
+
+
+def test_a_link_planted_where_a_save_writes_is_never_written_through(shared_dir):
+    """Earlier saves wrote to a fixed name beside the checkpoint, which anyone who may write to
+    the directory could have made a link to one of the user's files."""
+    if RANK == 0:
+        victim = shared_dir / "victim.txt"
+        victim.write_text("the user's own file")
+        for written in ("epoch0001.keras", STATE_FILENAME):
+            (shared_dir / f"{PARTIAL_PREFIX}{written}").symlink_to(victim)
+    kd.barrier()
+    checkpoint = Rank0Checkpoint(shared_dir)
+    if RANK == 0:  # a link planted after the directory was prepared (which removes leftovers)
+        for written in ("epoch0001.keras", STATE_FILENAME):
+            link = shared_dir / f"{PARTIAL_PREFIX}{written}"
+            if not link.is_symlink():
+                link.symlink_to(victim)
+    fit(make_model(), epochs=1, callbacks=[checkpoint])
+    kd.barrier()
+    if RANK == 0:
+        assert victim.read_text() == "the user's own file"
+        saved = shared_dir / "epoch0001.keras"
+        assert not saved.is_symlink() and zipfile.is_zipfile(saved)
 
 
 def test_checkpoint_files_take_the_users_umask(shared_dir):
