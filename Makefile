@@ -8,7 +8,7 @@ MPIEXEC := $(VENV)/bin/mpiexec
 RUN_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
 OP_LIBRARY_SOURCES := setup.py $(wildcard kerasdist/csrc/*/*.cc kerasdist/csrc/*/*.h)
 
-.PHONY: venv build lint test demo bench bench-net clean
+.PHONY: venv build lint test soak demo bench bench-net clean
 
 venv: $(VENV)/.editable
 
@@ -48,6 +48,12 @@ test: lint build
 	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras
+	$(MAKE) --no-print-directory soak
+
+# 5,000 fit steps on 2 ranks, checking that memory, threads, open files and the timeline's growth
+# per step stay put (benchmarks/soak.py says the bounds).
+soak: build
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/soak.py
 
 # The main job: two processes train a CNN on scikit-learn's bundled digits with model.fit.
 demo: build
