@@ -1,6 +1,8 @@
 """kerasdist-run --restarts: a job that fails is started again, and with Rank0Checkpoint(resume=True)
 it finishes with the weights an uninterrupted run reaches."""
 
+import json
+import random
 import sys
 
 from launch_utils import LAUNCH_TEST_MARKS, SCRIPTS, run_job
@@ -43,4 +45,43 @@ def test_training_killed_mid_epoch_resumes_and_ends_with_the_uninterrupted_weigh
     assert "injected fault in epoch 2" in restarted.output, restarted.describe()
     # The second attempt started after the last complete epoch, 1 (epochs count from 0).
     assert restarted.lines_with("RESUMED_FROM=") == ["0", "0", "2", "2"], restarted.describe()
+    assert restarted.lines_with("WEIGHTS=") == uninterrupted.lines_with("WEIGHTS="), restarted.describe()
+
+
+def test_training_killed_at_random_points_and_in_a_save_ends_with_the_uninterrupted_weights(tmp_path):
+    """Four SIGKILLs, one per attempt, at random batches on random ranks and once in the middle of
+    rank 0's checkpoint save (the archive written, not yet renamed into place). Each fault lies at
+    or after the epoch its attempt resumes from, so every one of them happens."""
+    rng = random.Random(2026)
+    in_save_at = rng.randrange(4)
+    faults, epoch = [], 0
+    for attempt in range(4):
+        epoch = rng.randrange(epoch, 4)
+        if attempt == in_save_at:
+            faults.append({"attempt": attempt, "rank": 0, "epoch": epoch, "in_save": True})
+        else:
+            faults.append({"attempt": attempt, "rank": rng.randrange(2), "epoch": epoch, "batch": rng.randrange(8)})
+    script = SCRIPTS / "restart_training.py"
+    uninterrupted = run_job(
+        [*LAUNCHER, "-np", "2", script, tmp_path / "plain", "-1"],
+        tmp_path,
+        timeout=JOB_TIMEOUT_S,
+        script_name=script.name,
+    )
+    assert uninterrupted.returncode == 0, uninterrupted.describe()
+    restarted = run_job(
+        [*LAUNCHER, "-np", "2", "--restarts", "4", script, tmp_path / "faulty", "-1", json.dumps(faults)],
+        tmp_path,
+        timeout=2 * JOB_TIMEOUT_S,
+        script_name=script.name,
+    )
+    assert restarted.returncode == 0, restarted.describe()
+    assert len(restarted.lines_with("KILLED attempt ")) == len(faults), f"faults {faults}" + restarted.describe()
+    # Each attempt resumed where the fault before it left the last complete checkpoint.
+    resumed = restarted.lines_with("RESUMED_FROM=")
+    assert resumed == [str(e) for e in [0] + [f["epoch"] for f in faults] for _ in range(2)], (
+        f"faults {faults}" + restarted.describe()
+    )
+    # Every attempt after a fault loaded every checkpoint the fault left on disk.
+    assert len(restarted.lines_with("READABLE=")) >= len(faults), restarted.describe()
     assert restarted.lines_with("WEIGHTS=") == uninterrupted.lines_with("WEIGHTS="), restarted.describe()

@@ -1,10 +1,19 @@
 """fit with Rank0Checkpoint(resume=True); on the job's first attempt (KERASDIST_RESTART=0) rank 1
 raises in the middle of epoch argv[2] (-1: never). argv[1]: the checkpoint directory.
 
-Prints RESUMED_FROM=<epoch this attempt started at> and, at the end, WEIGHTS=<hex of every weight>.
+argv[3], optional: faults as JSON, a list of {"attempt", "rank", "epoch", and "batch" or "in_save"}:
+in that attempt that rank kills itself (SIGKILL, no clean-up) after that batch of that epoch, or
+("in_save": true) in the middle of that epoch's checkpoint save, after the archive is written and
+before it is renamed into place.
+
+Rank 0 first loads every checkpoint in the directory (what the previous attempts left; printing
+READABLE=<name>, or failing). Prints RESUMED_FROM=<epoch this attempt started at> and, at the end,
+WEIGHTS=<hex of every weight>.
 """
 
+import json
 import os
+import signal
 import sys
 
 import keras
@@ -28,6 +37,46 @@ class FailOnce(keras.callbacks.Callback):
             raise RuntimeError(f"injected fault in epoch {fail_epoch}")
 
 
+faults = (
+    [f for f in json.loads(sys.argv[3]) if f["attempt"] == attempt and f["rank"] == kd.rank()]
+    if len(sys.argv) > 3
+    else []
+)
+
+
+class Killed(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if any(f["epoch"] == self._epoch and f.get("batch") == batch for f in faults):
+            print(f"KILLED attempt {attempt} rank {kd.rank()} epoch {self._epoch} batch {batch}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+saving_epoch = [None]  # the epoch whose checkpoint Rank0Checkpoint is writing
+unpatched_save = keras.Model.save
+
+
+def save_then_maybe_die(model, path, *args, **kwargs):
+    unpatched_save(model, path, *args, **kwargs)
+    if any(f["epoch"] == saving_epoch[0] and f.get("in_save") for f in faults):
+        print(f"KILLED attempt {attempt} rank {kd.rank()} saving epoch {saving_epoch[0]}", flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class NoteSavingEpoch(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        saving_epoch[0] = epoch
+
+
+keras.Model.save = save_then_maybe_die
+if kd.rank() == 0 and os.path.isdir(directory):
+    for name in sorted(os.listdir(directory)):
+        if name.endswith(".keras") and not name.startswith("."):
+            keras.saving.load_model(os.path.join(directory, name), compile=False)
+            print(f"READABLE={name}", flush=True)
+
 keras.utils.set_random_seed(7)
 rng = np.random.default_rng([7, kd.rank()])
 x = rng.normal(size=(64, 8)).astype("float32")
@@ -37,7 +86,13 @@ model.compile(kd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
 checkpoint = kd.callbacks.Rank0Checkpoint(directory, resume=True)
 print(f"RESUMED_FROM={checkpoint.initial_epoch}", flush=True)
 model.fit(
-    x, y, batch_size=8, epochs=EPOCHS, shuffle=False, verbose=0, callbacks=[*kd.callbacks(), checkpoint, FailOnce()]
+    x,
+    y,
+    batch_size=8,
+    epochs=EPOCHS,
+    shuffle=False,
+    verbose=0,
+    callbacks=[*kd.callbacks(), NoteSavingEpoch(), checkpoint, FailOnce(), Killed()],
 )
 if kd.rank() == 0:
     print("WEIGHTS=" + "".join(w.tobytes().hex() for w in model.get_weights()), flush=True)
