@@ -19,6 +19,7 @@ from kerasdist.callbacks.checkpoint import Rank0Checkpoint
 from kerasdist.callbacks.join import Join
 from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
 from kerasdist.callbacks.metric_average import MetricAverage, local_metrics
+from kerasdist.callbacks.model_averaging import ModelAveraging
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
 from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
 
@@ -29,6 +30,7 @@ __all__ = [
     "LearningRateSchedule",
     "LearningRateWarmup",
     "MetricAverage",
+    "ModelAveraging",
     "Rank0Checkpoint",
     "Rank0ProgbarLogger",
     "TrustRatioLogger",
@@ -50,6 +52,7 @@ def default_callbacks(
     csv_path=None,
     batch_growth=None,
     uneven_steps=False,
+    average_models_every=None,
     extra=(),
 ):
     """The callbacks a distributed `model.fit` needs, in the order they must run.
@@ -74,6 +77,9 @@ def default_callbacks(
         uneven_steps: adds `Join` after `BroadcastGlobalState`, so ranks may run different
             numbers of steps per epoch (shards of unequal size). Defaults to False: unequal
             steps are then an error on every rank before training.
+        average_models_every: adds `ModelAveraging(average_models_every)` (local SGD: each
+            rank trains alone and the ranks average their weights every so many steps; compile
+            with the plain optimizer then, not `DistributedOptimizer`).
         extra: more callbacks, placed after the metric averaging and before the loggers.
 
     Example:
@@ -91,6 +97,8 @@ def default_callbacks(
     callbacks = [BroadcastGlobalState(root_rank)]
     if uneven_steps:
         callbacks.append(Join())  # after the broadcast: a first step's late broadcast precedes joining
+    if average_models_every is not None:
+        callbacks.append(ModelAveraging(average_models_every))  # before anything that reads the model at epoch end
     if average_metrics:
         callbacks.append(MetricAverage())
     if warmup_epochs:
