@@ -15,7 +15,8 @@ SIGTERM), and for each link (tc htb at --rate, then unshaped):
                unfused (KERASDIST_FUSION_THRESHOLD=0), Compression none / fp16 / bf16.
   training     examples/keras_synthetic_benchmark.py (model.fit, 64 images per rank, one TF math
                thread per rank) for each --models, one process against 2 hosts x 1 rank on each
-               link, taking turns --rounds times, with wall and CPU time per step. The 2-host
+               link, taking turns --rounds times, with wall and CPU time per step; also local
+               SGD (--average_models_every, default 4 and 16 steps) beside synchronous training. The 2-host
                runs write a timeline: MPI time per step is the time some allreduce was in MPI
                (union of the timeline's "allreduce" phases) over the steps run, beside the
                collective requests negotiated per step.
@@ -60,6 +61,13 @@ def parse_args():
         nargs="*",
         default=[],
         help="more gradient bucket sizes to train with in the overlap runs (MiB)",
+    )
+    parser.add_argument(
+        "--average_models_every",
+        type=int,
+        nargs="*",
+        default=[4, 16],
+        help="local SGD runs (kerasdist.callbacks.ModelAveraging) averaging every N steps, beside the others",
     )
     parser.add_argument(
         "--skip",
@@ -253,10 +261,14 @@ def train_one_process(model):
     return result_line(run(example_command(model), {**job_environment(), "TF_NUM_INTEROP_THREADS": "1"}))
 
 
-def train_two_hosts(cluster, model, extra_flags=()):
+def train_two_hosts(cluster, model, extra_flags=(), extra_command=()):
     with tempfile.TemporaryDirectory() as scratch:
         timeline = pathlib.Path(scratch, "timeline.json")
-        result = result_line(cluster.launch(example_command(model), extra_flags=["--timeline", timeline, *extra_flags]))
+        result = result_line(
+            cluster.launch(
+                example_command(model) + list(extra_command), extra_flags=["--timeline", timeline, *extra_flags]
+            )
+        )
         steps = 10 + 10 * ARGS.num_iters  # warm-up batches, then the timed ones
         result.update(timeline_summary(timeline, steps))
     return result
@@ -275,6 +287,12 @@ TWO_HOST_RUNS = {
     **{
         f"buckets {mb:g} MiB": (lambda cluster, model, mb=mb: train_two_hosts(cluster, model, ["--bucket-mb", str(mb)]))
         for mb in ARGS.bucket_mb
+    },
+    **{
+        f"average every {n}": (
+            lambda cluster, model, n=n: train_two_hosts(cluster, model, extra_command=[f"--average_models_every={n}"])
+        )
+        for n in ARGS.average_models_every
     },
     "no communication": train_two_hosts_apart,
 }

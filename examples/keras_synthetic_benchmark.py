@@ -57,6 +57,12 @@ NUM_BATCHES_PER_ITER = flags.DEFINE_integer(
 )
 NUM_ITERS = flags.DEFINE_integer("num_iters", 10, "Timed iterations.")
 FP16_ALLREDUCE = flags.DEFINE_bool("fp16_allreduce", False, "Send gradients in float16 (kerasdist.Compression.fp16).")
+AVERAGE_MODELS_EVERY = flags.DEFINE_integer(
+    "average_models_every",
+    0,
+    "> 0: local SGD instead of DistributedOptimizer: the plain optimizer, and the ranks average their "
+    "weights every so many steps (kerasdist.callbacks.ModelAveraging).",
+)
 USE_KERASDIST = flags.DEFINE_bool(
     "use_kerasdist",
     True,
@@ -129,8 +135,11 @@ def main(_):
     callbacks = []
     if USE_KERASDIST.value:
         compression = kerasdist.Compression.fp16 if FP16_ALLREDUCE.value else kerasdist.Compression.none
-        optimizer = kerasdist.DistributedOptimizer(optimizer, compression=compression)
-        callbacks = kerasdist.callbacks()
+        if AVERAGE_MODELS_EVERY.value:
+            callbacks = kerasdist.callbacks(average_models_every=AVERAGE_MODELS_EVERY.value)
+        else:
+            optimizer = kerasdist.DistributedOptimizer(optimizer, compression=compression)
+            callbacks = kerasdist.callbacks()
     # XLA off in both modes: kerasdist's ops cannot run under it, and the baseline must match.
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
     dataset = synthetic_batches(image_size, num_classes, BATCH_SIZE.value, SEED.value + rank)
@@ -179,6 +188,7 @@ def main(_):
         "ranks": size,
         "kerasdist": USE_KERASDIST.value,
         "fp16_allreduce": USE_KERASDIST.value and FP16_ALLREDUCE.value,
+        "average_models_every": AVERAGE_MODELS_EVERY.value if USE_KERASDIST.value else 0,
         "batches_per_iter": NUM_BATCHES_PER_ITER.value,
         "images_per_second": median_total,
         "images_per_second_per_rank": median_total / size,

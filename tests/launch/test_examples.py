@@ -112,6 +112,22 @@ def test_synthetic_benchmark_reports_its_throughput(tmp_path, ranks):
     assert results[0]["ranks"] == ranks and results[0]["images_per_second"] > 0, job.describe()
 
 
+def test_synthetic_benchmark_trains_with_local_sgd(tmp_path):
+    job = launch(
+        "keras_synthetic_benchmark.py",
+        "--num_warmup_batches=2",
+        "--num_batches_per_iter=3",
+        "--num_iters=2",
+        "--batch_size=8",
+        "--average_models_every=2",
+        n=2,
+        tmp_path=tmp_path,
+    )
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    [result] = [json.loads(line) for line in job.lines_with("RESULT ")]
+    assert result["average_models_every"] == 2 and result["images_per_second"] > 0, job.describe()
+
+
 def test_a_horovod_script_with_only_its_import_changed_trains_as_well_as_our_own(tmp_path):
     # The bar keras_digits.py is held to (0.95 on the same split); rank 0 alone checkpoints and
     # evaluates, the pattern that hangs when those calls are collectives.

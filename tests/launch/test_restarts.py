@@ -28,13 +28,7 @@ def test_a_job_that_succeeds_is_not_started_again(tmp_path):
 
 def test_training_killed_mid_epoch_resumes_and_ends_with_the_uninterrupted_weights(tmp_path):
     script = SCRIPTS / "restart_training.py"
-    uninterrupted = run_job(
-        [*LAUNCHER, "-np", "2", script, tmp_path / "plain", "-1"],
-        tmp_path,
-        timeout=JOB_TIMEOUT_S,
-        script_name=script.name,
-    )
-    assert uninterrupted.returncode == 0, uninterrupted.describe()
+    uninterrupted = _uninterrupted_run(script, tmp_path)
     restarted = run_job(
         [*LAUNCHER, "-np", "2", "--restarts", "1", script, tmp_path / "faulty", "2"],
         tmp_path,
@@ -62,13 +56,7 @@ def test_training_killed_at_random_points_and_in_a_save_ends_with_the_uninterrup
         else:
             faults.append({"attempt": attempt, "rank": rng.randrange(2), "epoch": epoch, "batch": rng.randrange(8)})
     script = SCRIPTS / "restart_training.py"
-    uninterrupted = run_job(
-        [*LAUNCHER, "-np", "2", script, tmp_path / "plain", "-1"],
-        tmp_path,
-        timeout=JOB_TIMEOUT_S,
-        script_name=script.name,
-    )
-    assert uninterrupted.returncode == 0, uninterrupted.describe()
+    uninterrupted = _uninterrupted_run(script, tmp_path)
     restarted = run_job(
         [*LAUNCHER, "-np", "2", "--restarts", "4", script, tmp_path / "faulty", "-1", json.dumps(faults)],
         tmp_path,
@@ -85,3 +73,14 @@ def test_training_killed_at_random_points_and_in_a_save_ends_with_the_uninterrup
     # Every attempt after a fault loaded every checkpoint the fault left on disk.
     assert len(restarted.lines_with("READABLE=")) >= len(faults), restarted.describe()
     assert restarted.lines_with("WEIGHTS=") == uninterrupted.lines_with("WEIGHTS="), restarted.describe()
+
+
+def _uninterrupted_run(script, tmp_path):
+    job = run_job(
+        [*LAUNCHER, "-np", "2", script, tmp_path / "plain", "-1"],
+        tmp_path,
+        timeout=JOB_TIMEOUT_S,
+        script_name=script.name,
+    )
+    assert job.returncode == 0, job.describe()
+    return job
