@@ -33,6 +33,9 @@ LR = flags.DEFINE_float(
 )
 WARMUP = flags.DEFINE_float("warmup_epochs", 3, "Epochs over which the learning rate ramps up.")
 SEED = flags.DEFINE_integer("seed", 0, "Seed of the split, the weights and the shuffles.")
+AVERAGE_MODELS_EVERY = flags.DEFINE_integer(
+    "average_models_every", 0, "> 0: local SGD, the ranks averaging their models every so many steps (slow links)."
+)
 CHECKPOINT_DIR = flags.DEFINE_string(
     "checkpoint_dir", None, "Rank 0 saves a checkpoint here each epoch and a rerun resumes from the latest one."
 )
@@ -104,7 +107,8 @@ def main(_):
     keras.utils.set_random_seed(SEED.value)
     model = small_cnn(input_shape=x_test.shape[1:], num_classes=10)
     optimizer = keras.optimizers.SGD(LR.value, momentum=0.9)
-    optimizer = kerasdist.DistributedOptimizer(optimizer)  # kerasdist
+    if not AVERAGE_MODELS_EVERY.value:  # local SGD keeps the plain optimizer
+        optimizer = kerasdist.DistributedOptimizer(optimizer)  # kerasdist
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     # With a checkpoint directory, a rerun continues after the last saved epoch.
@@ -112,6 +116,7 @@ def main(_):
         warmup_epochs=WARMUP.value,
         checkpoint_dir=CHECKPOINT_DIR.value,  # kerasdist
         resume=CHECKPOINT_DIR.value is not None,
+        average_models_every=AVERAGE_MODELS_EVERY.value or None,
     )
     # shuffle=False: the dataset shuffles itself (per rank, above); Keras warns that it ignores shuffle=True.
     model.fit(
