@@ -77,18 +77,16 @@ class ModelAveraging(keras.callbacks.Callback):
         self._since_average = 0
         if runtime.state().size == 1:
             return
-        variables = [v for v in training_state.model_state_variables(self.model) if _is_float(v)]
+        variables = [
+            v for v in training_state.model_state_variables(self.model) if keras.backend.is_float_dtype(v.dtype)
+        ]
         optimizer = getattr(self.model, "optimizer", None)
         if self.average_optimizer_state and optimizer is not None and optimizer.built:
-            variables += [v for v in optimizer.variables if _is_float(v)]
+            variables += [v for v in optimizer.variables if keras.backend.is_float_dtype(v.dtype)]
         averaged = ops.grouped_allreduce([v.value for v in variables], op=ops.Average, name="kerasdist.model_averaging")
         for variable, value in zip(variables, averaged):
             variable.assign(value)
         self.averages += 1
-
-
-def _is_float(variable):
-    return "float" in str(variable.dtype)
 
 
 def _check_window(value, what):

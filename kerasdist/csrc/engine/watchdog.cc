@@ -25,12 +25,13 @@ Watchdog::~Watchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Watchdog::Arm(std::string what) {
+void Watchdog::Arm(const char* what, const std::string* name) {
   if (timeout_s_ <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = true;
   since_ = Clock::now();
-  what_ = std::move(what);
+  what_ = what;
+  name_ = name;
 }
 
 void Watchdog::Disarm() {
@@ -46,7 +47,7 @@ void Watchdog::Watch() {
     if (!armed_ || Seconds(Clock::now() - since_) < timeout_s_) continue;
     std::ostringstream message;
     message.precision(1);
-    message << std::fixed << what_ << " on rank " << rank_and_host_ << " has not finished after " << Seconds(Clock::now() - since_)
+    message << std::fixed << what_ << (name_ ? " '" + *name_ + "'" : "") << " on rank " << rank_and_host_ << " has not finished after " << Seconds(Clock::now() - since_)
             << " s (KERASDIST_COLLECTIVE_TIMEOUT_S) although every rank had agreed to run it: a rank or the "
                "network between the ranks is gone";
     EndJob(message.str());

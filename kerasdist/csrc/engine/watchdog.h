@@ -25,8 +25,10 @@ class Watchdog {
   Watchdog(double timeout_s, std::string rank_and_host);
   ~Watchdog();
 
-  // `what` (e.g. "allreduce 'w'") runs from now on; re-arming counts as progress.
-  void Arm(std::string what);
+  // `what` ("allreduce") of the collective `name` (or of nothing named, when null) runs from now
+  // on; re-arming counts as progress. Every backend call arms it, so nothing is copied here:
+  // both must stay alive until Disarm, which the message is formatted before.
+  void Arm(const char* what, const std::string* name = nullptr);
   void Disarm();
 
  private:
@@ -39,7 +41,8 @@ class Watchdog {
   bool armed_ = false;         // guarded by mu_
   bool stopping_ = false;      // guarded by mu_
   Clock::time_point since_;    // guarded by mu_
-  std::string what_;           // guarded by mu_
+  const char* what_ = "";      // guarded by mu_
+  const std::string* name_ = nullptr;  // guarded by mu_
   std::thread thread_;
 };
 
@@ -63,7 +66,7 @@ class WatchedBackend : public Backend {
  private:
   template <typename Call>
   Status Watched(const char* what, const std::string& name, Call call) {
-    watchdog_->Arm(std::string(what) + " '" + name + "'");
+    watchdog_->Arm(what, &name);
     Status status = call();
     watchdog_->Disarm();
     return status;
