@@ -36,6 +36,9 @@ SEED = flags.DEFINE_integer("seed", 0, "Seed of the split, the weights and the s
 AVERAGE_MODELS_EVERY = flags.DEFINE_integer(
     "average_models_every", 0, "> 0: local SGD, the ranks averaging their models every so many steps (slow links)."
 )
+DELAY_GRADIENTS = flags.DEFINE_bool(
+    "delay_gradients", False, "Each update applies the step before's gradients, reduced while this step computes."
+)
 CHECKPOINT_DIR = flags.DEFINE_string(
     "checkpoint_dir", None, "Rank 0 saves a checkpoint here each epoch and a rerun resumes from the latest one."
 )
@@ -108,7 +111,7 @@ def main(_):
     model = small_cnn(input_shape=x_test.shape[1:], num_classes=10)
     optimizer = keras.optimizers.SGD(LR.value, momentum=0.9)
     if not AVERAGE_MODELS_EVERY.value:  # local SGD keeps the plain optimizer
-        optimizer = kerasdist.DistributedOptimizer(optimizer)  # kerasdist
+        optimizer = kerasdist.DistributedOptimizer(optimizer, delay_gradients=DELAY_GRADIENTS.value)  # kerasdist
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     # With a checkpoint directory, a rerun continues after the last saved epoch.

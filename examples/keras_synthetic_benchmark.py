@@ -63,6 +63,12 @@ AVERAGE_MODELS_EVERY = flags.DEFINE_integer(
     "> 0: local SGD instead of DistributedOptimizer: the plain optimizer, and the ranks average their "
     "weights every so many steps (kerasdist.callbacks.ModelAveraging).",
 )
+DELAY_GRADIENTS = flags.DEFINE_bool(
+    "delay_gradients",
+    False,
+    "Apply each step the gradients of the step before, reduced while this one computes "
+    "(DistributedOptimizer(delay_gradients=True)).",
+)
 USE_KERASDIST = flags.DEFINE_bool(
     "use_kerasdist",
     True,
@@ -138,7 +144,9 @@ def main(_):
         if AVERAGE_MODELS_EVERY.value:
             callbacks = kerasdist.callbacks(average_models_every=AVERAGE_MODELS_EVERY.value)
         else:
-            optimizer = kerasdist.DistributedOptimizer(optimizer, compression=compression)
+            optimizer = kerasdist.DistributedOptimizer(
+                optimizer, compression=compression, delay_gradients=DELAY_GRADIENTS.value
+            )
             callbacks = kerasdist.callbacks()
     # XLA off in both modes: kerasdist's ops cannot run under it, and the baseline must match.
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"], jit_compile=False)
@@ -189,6 +197,7 @@ def main(_):
         "kerasdist": USE_KERASDIST.value,
         "fp16_allreduce": USE_KERASDIST.value and FP16_ALLREDUCE.value,
         "average_models_every": AVERAGE_MODELS_EVERY.value if USE_KERASDIST.value else 0,
+        "delay_gradients": USE_KERASDIST.value and DELAY_GRADIENTS.value,
         "batches_per_iter": NUM_BATCHES_PER_ITER.value,
         "images_per_second": median_total,
         "images_per_second_per_rank": median_total / size,

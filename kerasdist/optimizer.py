@@ -157,6 +157,12 @@ class DistributedOptimizer(WrappingOptimizer):
             gathering them; better when most rows are touched every step.
         gradient_noise_scale: a `kerasdist.GradientNoiseScale` to feed from every update; its
             one scalar rides in the gradients' grouped allreduce.
+        delay_gradients: each update applies the gradients of the update before it (reduced
+            while this step computed), and keeps this step's for the next: the allreduce
+            depends on nothing the step computes, so inside `tf.function` it runs during the
+            forward and backward pass instead of after them. The first update applies nothing;
+            the stored gradients are optimizer state, saved and restored with it. Staleness of
+            one step, as in pipelined ("one-step-delayed") SGD; not with `gradient_noise_scale`.
         name: defaults to `"distributed_" + optimizer.name`.
 
     Example:
@@ -187,6 +193,7 @@ class DistributedOptimizer(WrappingOptimizer):
         gradient_noise_scale=None,
         name=None,
         average_aggregated_gradients=True,
+        delay_gradients=False,
         **kwargs,
     ):
         runtime.init()  # here, not at the first apply(): that runs inside a traced function
@@ -206,6 +213,8 @@ class DistributedOptimizer(WrappingOptimizer):
         self.sparse_as_dense = bool(sparse_as_dense)
         self._initial_backward_passes = _check_backward_passes(backward_passes_per_step)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        self.delay_gradients = bool(delay_gradients)
+        self._delayed_gradients = None
         self._accumulators = None
         self._micro_batch_sq_norms = None
         self.gradient_noise_scale = None
@@ -220,6 +229,10 @@ class DistributedOptimizer(WrappingOptimizer):
             raise ValueError("the gradient noise scale needs op=kerasdist.Average")
         if not self.average_aggregated_gradients:
             raise ValueError("the gradient noise scale needs average_aggregated_gradients=True (mean gradients)")
+        if self.delay_gradients:
+            raise ValueError(
+                "the gradient noise scale needs each update's own gradients: not with delay_gradients=True"
+            )
         if self.built:
             raise ValueError(
                 "attach the GradientNoiseScale before the optimizer's first step, e.g. "
@@ -275,6 +288,11 @@ class DistributedOptimizer(WrappingOptimizer):
         if self.gradient_noise_scale is not None:
             self.gradient_noise_scale.build(self)
         super().build(var_list)
+        if self.delay_gradients:
+            self._delayed_gradients = [
+                self.add_variable_from_reference(v, name="delayed_gradient") for v in self._trainable_variables
+            ]
+            self._delayed_gradients_held = self.add_variable(shape=(), dtype="int32", name="delayed_gradients_held")
         if self._initial_backward_passes > 1:
             self._create_accumulators()
 
@@ -287,10 +305,16 @@ class DistributedOptimizer(WrappingOptimizer):
             self._micro_batch_sq_norms = self.add_variable(shape=(), dtype="float32", name="micro_batch_sq_norms")
 
     def _window_variables(self):
-        """The partial sums of the current accumulation window (saved last, see below)."""
+        """The partial sums of the current accumulation window."""
         return (self._accumulators or []) + (
             [self._micro_batch_sq_norms] if self._micro_batch_sq_norms is not None else []
         )
+
+    def _variables_after_the_counters(self):
+        """The window's partial sums and the delayed gradients: created after the counters, so
+        saved last (see load_own_variables)."""
+        delayed = [] if self._delayed_gradients is None else [*self._delayed_gradients, self._delayed_gradients_held]
+        return self._window_variables() + delayed
 
     @property
     def backward_passes_per_step(self):
@@ -351,6 +375,9 @@ class DistributedOptimizer(WrappingOptimizer):
             self._accumulate(grads, trainable_variables)
 
     def _reduce_and_apply(self, grads, trainable_variables, micro_batches=1, micro_batch_sq_norm=None):
+        if self.delay_gradients:
+            self._apply_delayed(grads, trainable_variables)
+            return
         noise = self.gradient_noise_scale
         if noise is None:
             reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
@@ -363,6 +390,26 @@ class DistributedOptimizer(WrappingOptimizer):
             noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=batch_multiple(micro_batches))
         with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, trainable_variables)):
             self.inner_optimizer.apply(reduced, trainable_variables)
+
+    def _apply_delayed(self, grads, trainable_variables):
+        """Reduces and applies the gradients held since the last update, then holds `grads`.
+
+        The held values are read before this step's are stored (program order on the same
+        variables), and their allreduce waits for nothing the step computes.
+        """
+        present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
+        variables = [v for _, v in present]
+        held = [self._delayed_gradients[self._get_variable_index(v)] for v in variables]
+        reduced = reduce_gradients([tf.convert_to_tensor(h) for h in held], self.op, self.compression)
+
+        def apply_held():
+            with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, variables)):
+                self.inner_optimizer.apply(reduced, variables)
+
+        tf.cond(self._delayed_gradients_held > 0, apply_held, lambda: None)
+        for (g, _), h in zip(present, held):
+            h.assign(tf.convert_to_tensor(g))
+        self._delayed_gradients_held.assign(1)
 
     def _accumulate(self, grads, trainable_variables):
         present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
@@ -399,11 +446,13 @@ class DistributedOptimizer(WrappingOptimizer):
             for i, variable in enumerate(self._variables):
                 variable.assign(store[str(i)])
             return
-        window = self._window_variables()
-        for i, variable in enumerate(self._variables[: len(self._variables) - len(window)]):
+        trailing = self._variables_after_the_counters()
+        for i, variable in enumerate(self._variables[: len(self._variables) - len(trailing)]):
             if str(i) in store:
                 variable.assign(store[str(i)])
-        for partial in window:  # the partial sums did not come back: start a fresh window
+        # The partial sums and held gradients did not come back: start a fresh window, and
+        # the next update applies nothing.
+        for partial in trailing:
             partial.assign(tf.zeros_like(partial))
         self._micro_step.assign(0)
 
@@ -416,6 +465,7 @@ class DistributedOptimizer(WrappingOptimizer):
             "backward_passes_per_step": self.backward_passes_per_step,
             "sparse_as_dense": self.sparse_as_dense,
             "average_aggregated_gradients": self.average_aggregated_gradients,
+            "delay_gradients": self.delay_gradients,
             "gradient_noise_scale": None
             if self.gradient_noise_scale is None
             else {"batch_size": self.gradient_noise_scale.batch_size, "ema_decay": self.gradient_noise_scale.ema_decay},
