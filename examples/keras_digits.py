@@ -39,6 +39,9 @@ AVERAGE_MODELS_EVERY = flags.DEFINE_integer(
 DELAY_GRADIENTS = flags.DEFINE_bool(
     "delay_gradients", False, "Each update applies the step before's gradients, reduced while this step computes."
 )
+ONE_BIT_GRADIENTS = flags.DEFINE_bool(
+    "one_bit_gradients", False, "Send one sign bit per gradient value, with error feedback (slow links)."
+)
 CHECKPOINT_DIR = flags.DEFINE_string(
     "checkpoint_dir", None, "Rank 0 saves a checkpoint here each epoch and a rerun resumes from the latest one."
 )
@@ -111,7 +114,9 @@ def main(_):
     model = small_cnn(input_shape=x_test.shape[1:], num_classes=10)
     optimizer = keras.optimizers.SGD(LR.value, momentum=0.9)
     if not AVERAGE_MODELS_EVERY.value:  # local SGD keeps the plain optimizer
-        optimizer = kerasdist.DistributedOptimizer(optimizer, delay_gradients=DELAY_GRADIENTS.value)  # kerasdist
+        optimizer = kerasdist.DistributedOptimizer(  # kerasdist
+            optimizer, delay_gradients=DELAY_GRADIENTS.value, one_bit_gradients=ONE_BIT_GRADIENTS.value
+        )
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 
     # With a checkpoint directory, a rerun continues after the last saved epoch.

@@ -69,6 +69,11 @@ DELAY_GRADIENTS = flags.DEFINE_bool(
     "Apply each step the gradients of the step before, reduced while this one computes "
     "(DistributedOptimizer(delay_gradients=True)).",
 )
+ONE_BIT_GRADIENTS = flags.DEFINE_bool(
+    "one_bit_gradients",
+    False,
+    "Send one sign bit per gradient value, with error feedback (DistributedOptimizer(one_bit_gradients=True)).",
+)
 USE_KERASDIST = flags.DEFINE_bool(
     "use_kerasdist",
     True,
@@ -145,7 +150,10 @@ def main(_):
             callbacks = kerasdist.callbacks(average_models_every=AVERAGE_MODELS_EVERY.value)
         else:
             optimizer = kerasdist.DistributedOptimizer(
-                optimizer, compression=compression, delay_gradients=DELAY_GRADIENTS.value
+                optimizer,
+                compression=compression,
+                delay_gradients=DELAY_GRADIENTS.value,
+                one_bit_gradients=ONE_BIT_GRADIENTS.value,
             )
             callbacks = kerasdist.callbacks()
     # XLA off in both modes: kerasdist's ops cannot run under it, and the baseline must match.
@@ -198,6 +206,7 @@ def main(_):
         "fp16_allreduce": USE_KERASDIST.value and FP16_ALLREDUCE.value,
         "average_models_every": AVERAGE_MODELS_EVERY.value if USE_KERASDIST.value else 0,
         "delay_gradients": USE_KERASDIST.value and DELAY_GRADIENTS.value,
+        "one_bit_gradients": USE_KERASDIST.value and ONE_BIT_GRADIENTS.value,
         "batches_per_iter": NUM_BATCHES_PER_ITER.value,
         "images_per_second": median_total,
         "images_per_second_per_rank": median_total / size,

@@ -10,7 +10,7 @@ import sys
 import keras
 import tensorflow as tf
 
-from kerasdist import _compat, ops, runtime
+from kerasdist import _compat, one_bit, ops, runtime
 from kerasdist.batch_growth.noise_scale import GradientNoiseScale
 from kerasdist.learning_rate import batch_multiple
 from kerasdist.optimizers.wrapping import WrappingOptimizer
@@ -163,6 +163,11 @@ class DistributedOptimizer(WrappingOptimizer):
             forward and backward pass instead of after them. The first update applies nothing;
             the stored gradients are optimizer state, saved and restored with it. Staleness of
             one step, as in pipelined ("one-step-delayed") SGD; not with `gradient_noise_scale`.
+        one_bit_gradients: send one sign bit per gradient value and a scale per tensor, with
+            error feedback (see `kerasdist.one_bit`): each rank keeps what quantising lost and
+            adds it to its next gradient. The residuals are optimizer state. Dense float
+            gradients only (embedding gradients are densified); replaces `compression`; not
+            with `gradient_noise_scale` or `delay_gradients`.
         name: defaults to `"distributed_" + optimizer.name`.
 
     Example:
@@ -194,6 +199,7 @@ class DistributedOptimizer(WrappingOptimizer):
         name=None,
         average_aggregated_gradients=True,
         delay_gradients=False,
+        one_bit_gradients=False,
         **kwargs,
     ):
         runtime.init()  # here, not at the first apply(): that runs inside a traced function
@@ -214,7 +220,13 @@ class DistributedOptimizer(WrappingOptimizer):
         self._initial_backward_passes = _check_backward_passes(backward_passes_per_step)
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self.delay_gradients = bool(delay_gradients)
+        self.one_bit_gradients = bool(one_bit_gradients)
+        if self.one_bit_gradients and (self.delay_gradients or self._compression_name != "none"):
+            raise ValueError(
+                "one_bit_gradients=True sends signs and scales: not with delay_gradients=True or a compression"
+            )
         self._delayed_gradients = None
+        self._one_bit_residuals = None
         self._accumulators = None
         self._micro_batch_sq_norms = None
         self.gradient_noise_scale = None
@@ -229,9 +241,10 @@ class DistributedOptimizer(WrappingOptimizer):
             raise ValueError("the gradient noise scale needs op=kerasdist.Average")
         if not self.average_aggregated_gradients:
             raise ValueError("the gradient noise scale needs average_aggregated_gradients=True (mean gradients)")
-        if self.delay_gradients:
+        if self.delay_gradients or self.one_bit_gradients:
             raise ValueError(
-                "the gradient noise scale needs each update's own gradients: not with delay_gradients=True"
+                "the gradient noise scale needs each update's own exact gradients: not with "
+                "delay_gradients=True or one_bit_gradients=True"
             )
         if self.built:
             raise ValueError(
@@ -293,6 +306,11 @@ class DistributedOptimizer(WrappingOptimizer):
                 self.add_variable_from_reference(v, name="delayed_gradient") for v in self._trainable_variables
             ]
             self._delayed_gradients_held = self.add_variable(shape=(), dtype="int32", name="delayed_gradients_held")
+        if self.one_bit_gradients:
+            self._one_bit_residuals = [
+                self.add_variable(shape=v.shape, dtype="float32", name="one_bit_residual")
+                for v in self._trainable_variables
+            ]
         if self._initial_backward_passes > 1:
             self._create_accumulators()
 
@@ -314,7 +332,7 @@ class DistributedOptimizer(WrappingOptimizer):
         """The window's partial sums and the delayed gradients: created after the counters, so
         saved last (see load_own_variables)."""
         delayed = [] if self._delayed_gradients is None else [*self._delayed_gradients, self._delayed_gradients_held]
-        return self._window_variables() + delayed
+        return self._window_variables() + delayed + (self._one_bit_residuals or [])
 
     @property
     def backward_passes_per_step(self):
@@ -379,7 +397,9 @@ class DistributedOptimizer(WrappingOptimizer):
             self._apply_delayed(grads, trainable_variables)
             return
         noise = self.gradient_noise_scale
-        if noise is None:
+        if self.one_bit_gradients:
+            reduced = self._reduce_to_one_bit(grads, trainable_variables)
+        elif noise is None:
             reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
         else:
             if micro_batch_sq_norm is None:
@@ -390,6 +410,15 @@ class DistributedOptimizer(WrappingOptimizer):
             noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=batch_multiple(micro_batches))
         with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, trainable_variables)):
             self.inner_optimizer.apply(reduced, trainable_variables)
+
+    def _reduce_to_one_bit(self, grads, trainable_variables):
+        present = [i for i, g in enumerate(grads) if g is not None]
+        residuals = [self._one_bit_residuals[self._get_variable_index(trainable_variables[i])] for i in present]
+        reduced = one_bit.reduce([grads[i] for i in present], residuals, self.op)
+        out = list(grads)
+        for i, r in zip(present, reduced):
+            out[i] = r
+        return out
 
     def _apply_delayed(self, grads, trainable_variables):
         """Reduces and applies the gradients held since the last update, then holds `grads`.
@@ -466,6 +495,7 @@ class DistributedOptimizer(WrappingOptimizer):
             "sparse_as_dense": self.sparse_as_dense,
             "average_aggregated_gradients": self.average_aggregated_gradients,
             "delay_gradients": self.delay_gradients,
+            "one_bit_gradients": self.one_bit_gradients,
             "gradient_noise_scale": None
             if self.gradient_noise_scale is None
             else {"batch_size": self.gradient_noise_scale.batch_size, "ema_decay": self.gradient_noise_scale.ema_decay},

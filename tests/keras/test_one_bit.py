@@ -1,0 +1,148 @@
+"""1-bit gradients with error feedback (`DistributedOptimizer(one_bit_gradients=True)`).
+
+The quantiser is checked value by value against NumPy; training is checked against a NumPy
+simulation of every rank: each holds 8 rows of its own, adds its residual to its gradient,
+keeps `corrected - scale * sign`, and every rank applies the mean of all ranks' `scale * sign`.
+"""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kerasdist as kd
+from kerasdist import one_bit
+
+kd.init()
+RANK, SIZE = kd.rank(), kd.size()
+FEATURES, ROWS, BATCH, LR, MOMENTUM = 3, 8, 2, 0.05, 0.5
+STEPS_PER_EPOCH = ROWS // BATCH
+INITIAL_KERNEL = np.array([[0.2], [-0.1], [0.3]])
+
+
+@pytest.mark.parametrize("count", [1, 7, 8, 13, 1000])
+def test_quantize_keeps_signs_and_mean_magnitude_and_loses_only_the_residual(count):
+    values = np.random.default_rng(count).normal(size=count).astype("float32")
+    values[::5] = 0.0  # zero counts as non-negative
+    packed, scale, sent = (t.numpy() for t in one_bit.quantize(tf.constant(values)))
+    assert packed.dtype == np.uint8 and packed.shape == (one_bit.packed_length(count),)
+    expected_bits = np.packbits(np.pad(values >= 0, (0, (-count) % 8)), bitorder="little")
+    np.testing.assert_array_equal(packed, expected_bits)
+    np.testing.assert_allclose(scale, np.mean(np.abs(values)), rtol=1e-6)
+    np.testing.assert_array_equal(sent, np.where(values >= 0, scale, -scale).astype("float32"))
+    signs = one_bit.unpack_signs(tf.constant(packed[np.newaxis]), count).numpy()
+    np.testing.assert_array_equal(signs[0], np.where(values >= 0, 1.0, -1.0))
+
+
+def test_residual_plus_sent_is_the_corrected_gradient():
+    residual = tf.Variable(tf.zeros([13]))
+    gradient = tf.constant(np.random.default_rng(3).normal(size=13).astype("float32"))
+    for _ in range(3):
+        corrected = gradient.numpy() + residual.numpy()
+        _, _, sent = one_bit.quantize(tf.constant(corrected))
+        one_bit.reduce([gradient], [residual])
+        # exact in float32: the residual is the corrected value minus what this rank sent
+        np.testing.assert_array_equal(residual.numpy(), corrected - sent.numpy())
+        np.testing.assert_allclose(residual.numpy() + sent.numpy(), corrected, rtol=0, atol=1e-6)
+
+
+def shard(rank):
+    rng = np.random.default_rng([rank, 31])
+    x = rng.normal(size=(ROWS, FEATURES))
+    y = x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3 + 0.1 * rng.normal(size=(ROWS, 1))
+    return x.astype("float32"), y.astype("float32")
+
+
+def simulated_weights(epochs):
+    w, b = INITIAL_KERNEL.astype("float32"), np.zeros(1, "float32")
+    vw, vb = np.zeros_like(w), np.zeros_like(b)
+    residuals = [[np.zeros_like(w), np.zeros_like(b)] for _ in range(SIZE)]
+    shards = [shard(r) for r in range(SIZE)]
+    for _ in range(epochs):
+        for step in range(STEPS_PER_EPOCH):
+            sent = []
+            for r, (x, y) in enumerate(shards):
+                xb, yb = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
+                error = xb @ w + b - yb
+                gradient = [2 / BATCH * xb.T @ error, 2 / BATCH * error.sum(0)]
+                corrected = [g + e for g, e in zip(gradient, residuals[r])]
+                quantized = [np.where(c >= 0, 1.0, -1.0) * np.mean(np.abs(c)) for c in corrected]
+                residuals[r] = [c - q for c, q in zip(corrected, quantized)]
+                sent.append(quantized)
+            gw, gb = np.mean([s[0] for s in sent], axis=0), np.mean([s[1] for s in sent], axis=0)
+            vw, vb = MOMENTUM * vw - LR * gw, MOMENTUM * vb - LR * gb
+            w, b = w + vw, b + vb
+    return w, b
+
+
+def compiled_model(**optimizer_options):
+    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
+    model.set_weights([INITIAL_KERNEL.astype("float32"), np.zeros(1, "float32")])
+    optimizer = kd.DistributedOptimizer(
+        keras.optimizers.SGD(LR, momentum=MOMENTUM), one_bit_gradients=True, **optimizer_options
+    )
+    model.compile(optimizer, loss="mse")
+    return model
+
+
+def fit(model, epochs):
+    x, y = shard(RANK)
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+
+
+def assert_weights(model, expected):
+    kernel, bias = model.get_weights()
+    np.testing.assert_allclose(kernel, expected[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(bias, expected[1], rtol=1e-4, atol=1e-5)
+
+
+def test_training_matches_every_rank_quantising_with_error_feedback():
+    model = compiled_model()
+    fit(model, epochs=3)
+    assert_weights(model, simulated_weights(3))
+
+
+def test_resumed_from_a_checkpoint_the_residuals_come_back(tmp_path):
+    path = os.path.join(str(tmp_path), f"one_bit_rank{RANK}.keras")
+    model = compiled_model()
+    fit(model, epochs=1)
+    model.save(path)
+    resumed = keras.saving.load_model(path)
+    assert resumed.optimizer.one_bit_gradients
+    fit(resumed, epochs=2)
+    assert_weights(resumed, simulated_weights(3))
+
+
+def test_the_wire_carries_one_bit_per_value_and_a_scale_per_tensor():
+    if SIZE == 1:
+        pytest.skip("nothing is sent in a world of one")
+    model = compiled_model()
+    x, y = (tf.constant(a[:BATCH]) for a in shard(RANK))
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        model.optimizer.apply(tape.gradient(loss, model.trainable_variables), model.trainable_variables)
+
+    graph = step.get_concrete_function().graph
+    sent = [op.inputs[0] for op in graph.get_operations() if op.type.startswith("Kerasdist")]
+    assert [op.type for op in graph.get_operations() if op.type.startswith("KerasdistAllreduce")] == []
+    # kernel 3 values -> 1 byte, bias 1 value -> 1 byte, two float32 scales -> 8 bytes
+    assert [(t.dtype, t.shape.as_list()) for t in sent] == [(tf.uint8, [1, 1 + 1 + 2 * 4])]
+
+
+@pytest.mark.parametrize(
+    "options, complaint",
+    [
+        ({"delay_gradients": True}, "delay_gradients"),
+        ({"compression": kd.Compression.fp16}, "compression"),
+        ({"gradient_noise_scale": kd.GradientNoiseScale()}, "one_bit_gradients"),
+    ],
+    ids=["delay", "compression", "noise_scale"],
+)
+def test_refuses_what_it_cannot_combine_with(options, complaint):
+    with pytest.raises(ValueError, match=complaint):
+        kd.DistributedOptimizer(keras.optimizers.SGD(0.1), one_bit_gradients=True, **options)
