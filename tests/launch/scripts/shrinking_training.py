@@ -6,9 +6,10 @@ that `kerasdist-run --min-np` may restart on fewer ranks than planned.
                                          and rank 0 creates PATH when epoch 2 begins, so that a
                                          test can take a host away while the job trains
 
-Each rank prints ATTEMPT=<attempt> SIZE=<ranks> PLANNED=<planned ranks> RESUMED_FROM=<epoch>;
-at the end rank 0 prints ITERATIONS=<updates> and MAX_DIFFERENCE=<largest weight difference
-from plain Keras in one process on the planned global batch, computed here>.
+Each rank prints STARTED_AT=<time.time() once kerasdist is up>, then ATTEMPT=<attempt>
+SIZE=<ranks> PLANNED=<planned ranks> RESUMED_FROM=<epoch>; at the end rank 0 prints
+ITERATIONS=<updates> and MAX_DIFFERENCE=<largest weight difference from plain Keras in one
+process on the planned global batch, computed here>.
 """
 
 import os
@@ -23,6 +24,7 @@ import kerasdist as kd
 
 kd.init()
 print(f"LAUNCH_PID rank={kd.rank()} pid={os.getpid()}", flush=True)
+print(f"STARTED_AT={time.time():.3f}", flush=True)
 directory, mode = sys.argv[1], sys.argv[2]
 attempt = int(os.environ.get("KERASDIST_RESTART", "0"))
 EPOCHS, PER_RANK_BATCH, FAULT_EPOCH = 5, 8, 2
