@@ -98,31 +98,36 @@ def probe_hosts(hosts, probe_command, timeout=HOST_PROBE_TIMEOUT_S):
     """The hosts that run ``probe_command(host_name)`` (an argv) successfully within ``timeout``,
     all probed at once, and ``{host name: why not}`` for the others."""
     started = {}
-    for host in hosts:
-        # A session of its own, so that a probe that hangs is stopped with everything it started.
-        started[host] = subprocess.Popen(
-            probe_command(host.name),
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            start_new_session=True,
-        )
-    deadline = time.monotonic() + timeout
     available, missing = [], {}
-    for host, probe in started.items():
-        try:
-            _, stderr = probe.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _stop_session(probe)
-            missing[host.name] = f"no answer within {timeout} s"
-            continue
-        if probe.returncode == 0:
-            available.append(host)
-        else:
-            last_line = (stderr.strip().splitlines() or [""])[-1]
-            missing[host.name] = f"probe exited with status {probe.returncode}{': ' + last_line if last_line else ''}"
+    try:
+        for host in hosts:
+            # A session of its own, so that a probe that hangs is stopped with everything it started.
+            started[host] = subprocess.Popen(
+                probe_command(host.name),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        for host, probe in started.items():
+            try:
+                _, stderr = probe.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                missing[host.name] = f"no answer within {timeout} s"
+                continue
+            if probe.returncode == 0:
+                available.append(host)
+            else:
+                last_line = (stderr.strip().splitlines() or [""])[-1]
+                reason = f": {last_line}" if last_line else ""
+                missing[host.name] = f"probe exited with status {probe.returncode}{reason}"
+    finally:  # also when the launcher is stopped meanwhile: hydra may wait for ever on a lost host
+        for probe in started.values():
+            if probe.poll() is None:
+                _stop_session(probe)
     return available, missing
 
 

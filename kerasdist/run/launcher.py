@@ -135,8 +135,9 @@ def make_parser():
         "(a bare `python` is whichever comes first on PATH), or start command with a .py\n"
         "script, which then runs under kerasdist-run's own Python (at the same path on\n"
         f"every host):\n  {sys.executable}\n"
-        "Without -H or --hostfile, a Python that cannot import kerasdist is refused before\n"
-        "any rank starts. TensorFlow's start-up notices, alike on every rank, are shown once.",
+        "Without -H, --hostfile or --host-discovery-script, a Python that cannot import\n"
+        "kerasdist is refused before any rank starts. TensorFlow's start-up notices, alike\n"
+        "on every rank, are shown once.",
         epilog="examples:\n"
         "  kerasdist-run -np 2 train.py                 # train.py under this Python\n"
         f"  kerasdist-run -np 2 {sys.executable} train.py\n"
@@ -419,6 +420,21 @@ def _what_to_run_instead(argv, given_command, environ):
     )
 
 
+def _stop_with_signal_status(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def _placement_stopping_on_signals(args, environ, probe_command):
+    """`_placement`, ended by Ctrl-C or SIGTERM with their status (a stop, as during a job),
+    after the probes it started are stopped."""
+    previous = {signum: signal.signal(signum, _stop_with_signal_status) for signum in FORWARDED_SIGNALS}
+    try:
+        return _placement(args, environ, probe_command)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 def _placement(args, environ, probe_command):
     """(ranks, -H text) for the next attempt of a --min-np job, saying on stderr which hosts are
     left out and how many planned ranks each rank stands in for. Without ``probe_command``, -H
@@ -471,6 +487,11 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     if args.min_np:
         if not args.restarts:
             parser.error("--min-np needs --restarts N: it chooses the hosts and ranks of each restart")
+        if args.hostfile:
+            parser.error(
+                "--min-np does not read --hostfile (your MPI's own format): give the hosts as "
+                "-H HOST:SLOTS,... or --host-discovery-script"
+            )
         if not (args.hosts or args.host_discovery_script):
             parser.error("--min-np needs the hosts it may choose from: -H HOST:SLOTS,... or --host-discovery-script")
         if args.min_np > args.num_processes:
@@ -547,7 +568,7 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
         ranks, host_list = args.num_processes, args.hosts
         if args.min_np:
             try:
-                ranks, host_list = _placement(args, environ, probe_command)
+                ranks, host_list = _placement_stopping_on_signals(args, environ, probe_command)
             except mpi.LaunchError as error:
                 again = " again" if attempt else ""
                 print(f"{PROG}: error: {error}; not starting the job{again}", file=sys.stderr, flush=True)

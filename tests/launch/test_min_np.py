@@ -6,7 +6,10 @@ on the planned global batch.
 The same with an emulated host lost for good: tests/multihost/test_lost_host.py.
 """
 
+import os
+import signal
 import stat
+import subprocess
 import sys
 import time
 
@@ -108,6 +111,7 @@ def _main(argv, fake_mpiexec):
     [
         (["-np", "2", "-H", "a,b", "--min-np", "1"], "--min-np needs --restarts N"),
         (["-np", "2", "--restarts", "1", "--min-np", "1"], "--min-np needs the hosts"),
+        (["-np", "2", "--hostfile", __file__, "--restarts", "1", "--min-np", "1"], "does not read --hostfile"),
         (["-np", "2", "-H", "a,b", "--restarts", "1", "--min-np", "3"], "--min-np 3 is more than the 2 ranks planned"),
         (["-np", "2", "--host-discovery-script", "true"], "--host-discovery-script needs --min-np"),
         (["-np", "2", "-H", "a", "--host-discovery-script", "true"], "not allowed with argument"),
@@ -161,6 +165,65 @@ def test_a_discovery_that_fails_or_leaves_too_few_slots_starts_nothing_and_says_
     assert _main(argv, fake_mpiexec) == 1  # fake_mpiexec would have exited 99
     err = capsys.readouterr().err
     assert message in err and "not starting the job" in err
+
+
+def _recording_mpiexec(tmp_path, lost_host_probe):
+    """An mpiexec that appends "PID ARGS" to tmp_path/calls and runs `lost_host_probe` (shell) when
+    it probes host b; every other call succeeds at once."""
+    calls = tmp_path / "calls"
+    script = f"""#!/bin/sh
+echo "$$ $*" >> {calls}
+case "$*" in
+    *"-hosts b:1 true") {lost_host_probe};;
+esac
+exit 0
+"""
+    return _executable(tmp_path / "mpiexec", script), calls
+
+
+def _launcher_env(mpiexec):
+    return child_env(KERASDIST_MPIEXEC=mpiexec, KERASDIST_MPI_FLAVOUR="mpich")
+
+
+def test_hosts_given_with_h_are_probed_and_a_failing_one_is_left_out(tmp_path):
+    mpiexec, calls = _recording_mpiexec(tmp_path, "echo cannot connect >&2; exit 255")
+    argv = [*LAUNCHER, "-np", "4", "-H", "a:2,b:2", "--restarts", "1", "--min-np", "1", "python", "train.py"]
+    job = run_job(argv, tmp_path, env=_launcher_env(mpiexec), timeout=60)
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    assert "host b is unavailable (probe exited with status 255: cannot connect); leaving it out" in job.output
+    launched = [line.split(" ", 1)[1] for line in calls.read_text().splitlines()]
+    assert sorted(launched[:2]) == ["-np 1 -hosts a:1 true", "-np 1 -hosts b:1 true"]  # probed at once
+    assert launched[2].startswith(f"-np 2 -hosts a:2 -genv {runtime.PLANNED_SIZE_VARIABLE} 4 "), launched
+
+
+def test_sigterm_while_hosts_are_probed_stops_the_probes_and_the_launcher(tmp_path):
+    mpiexec, calls = _recording_mpiexec(tmp_path, "exec sleep 60")
+    argv = [*LAUNCHER, "-np", "2", "-H", "a,b", "--restarts", "1", "--min-np", "1", "python", "train.py"]
+    launcher_process = subprocess.Popen([str(a) for a in argv], cwd=tmp_path, env=_launcher_env(mpiexec))
+    hanging_probe = None
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (calls.exists() and "b:1" in calls.read_text()):
+            time.sleep(0.05)
+        hanging_probe = next(int(line.split()[0]) for line in calls.read_text().splitlines() if "b:1" in line)
+        launcher_process.send_signal(signal.SIGTERM)
+        assert launcher_process.wait(timeout=10) == 128 + signal.SIGTERM
+    finally:
+        launcher_process.kill()
+        launcher_process.wait()
+        probe_left_running = hanging_probe is not None and _sleeping(hanging_probe)
+        if probe_left_running:
+            os.kill(hanging_probe, signal.SIGKILL)
+    assert not probe_left_running
+    assert len(calls.read_text().splitlines()) == 2  # no job was started
+
+
+def _sleeping(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().startswith(b"sleep")
+    except OSError:
+        return False
 
 
 @pytest.mark.parametrize("text, size, expected", [("", 2, 2), (" 4 ", 2, 4), ("3", 1, 3), ("2", 2, 2)])
