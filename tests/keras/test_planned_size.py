@@ -139,3 +139,21 @@ def test_sharding_by_running_ranks_keeps_the_planned_updates_per_epoch():
     model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
     model.fit(x_shard, y_shard, batch_size=PER_RANK_BATCH, epochs=2, callbacks=kd.callbacks(), verbose=0)
     assert int(model.optimizer.iterations.numpy()) == 2 * updates_per_epoch
+
+
+def test_raising_k_while_standing_in_needs_no_new_trace_and_multiplies_the_wait():
+    # Standing in already accumulates, so the accumulators exist even at k = 1 (batch growth
+    # raises k this way while training runs).
+    variable = tf.Variable([0.0])
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(1.0))
+    step = tf.function(lambda: optimizer.apply([tf.constant([1.0])], [variable]))
+    step()
+    step()
+    assert int(optimizer.iterations.numpy()) == 1
+    assert optimizer.set_backward_passes_per_step(2) is False  # no new trace needed
+    for _ in range(2 * STAND_INS - 1):
+        step()
+    assert int(optimizer.iterations.numpy()) == 1
+    step()
+    assert int(optimizer.iterations.numpy()) == 2
+    assert optimizer.backward_passes_per_step == 2
