@@ -1,9 +1,11 @@
 """The learning rate of a distributed run: how it scales with the batch, and reading and setting it.
 
 The global batch of one update is (per-rank batch) × ranks × k, with k the micro-batches each
-rank accumulates (`DistributedOptimizer`'s `backward_passes_per_step`). `batch_multiple` is that
-ranks × k; `scaling_factor` is the rule by which the rate follows a larger batch (Goyal et al.
-2017 for "linear"). The warmup and schedule callbacks and adaptive batch growth all use these.
+rank accumulates (`DistributedOptimizer`'s `backward_passes_per_step`) and ranks the planned
+ones (`kerasdist.planned_size()`: the job's size, unless a restart left it fewer, whose ranks
+then accumulate for the missing ones). `batch_multiple` is that ranks × k; `scaling_factor` is
+the rule by which the rate follows a larger batch (Goyal et al. 2017 for "linear"). The warmup
+and schedule callbacks and adaptive batch growth all use these.
 """
 
 import math
@@ -38,9 +40,11 @@ def scaling_factor(batch_factor, scaling):
 
 
 def batch_multiple(backward_passes_per_step=1):
-    """Ranks × `backward_passes_per_step`: how many per-rank micro-batches one update averages.
+    """Planned ranks × `backward_passes_per_step`: how many per-rank micro-batches one update
+    averages.
 
-    `backward_passes_per_step` may be a tensor (the micro-batches of a window, in a train step).
+    The planned ranks are `kerasdist.planned_size()`, so the multiple stays the same when a job
+    restarts on fewer ranks that accumulate for the missing ones.
 
     Example:
 
@@ -48,10 +52,10 @@ def batch_multiple(backward_passes_per_step=1):
     import kerasdist
     from kerasdist.learning_rate import batch_multiple
     kerasdist.init()
-    print(batch_multiple(4) == 4 * kerasdist.size())  # True
+    print(batch_multiple(4) == 4 * kerasdist.planned_size())  # True
     ```
     """
-    return runtime.state().size * backward_passes_per_step
+    return runtime.state().planned_size * backward_passes_per_step
 
 
 def batch_scale(optimizer, scaling):

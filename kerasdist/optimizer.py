@@ -12,7 +12,6 @@ import tensorflow as tf
 
 from kerasdist import _compat, one_bit, ops, runtime
 from kerasdist.batch_growth.noise_scale import GradientNoiseScale
-from kerasdist.learning_rate import batch_multiple
 from kerasdist.optimizers.wrapping import WrappingOptimizer
 
 _COMPRESSIONS = {"none": ops.Compression.none, "fp16": ops.Compression.fp16, "bf16": ops.Compression.bf16}
@@ -134,7 +133,11 @@ class DistributedOptimizer(WrappingOptimizer):
     With `backward_passes_per_step=k`, each rank adds up `k` micro-batch gradients locally and
     only every `k`-th `apply()` reduces their mean (or, with `average_aggregated_gradients=False`,
     their sum) and updates the weights: the effective batch is
-    (per-rank batch) × ranks × k, and communication drops k-fold. `k` can change while training
+    (per-rank batch) × ranks × k, and communication drops k-fold. In a job restarted on fewer
+    ranks than planned (`kerasdist.planned_size()`), each rank stands in for planned / running
+    ranks and accumulates that many times k micro-batches, so the effective batch stays
+    (per-rank batch) × planned ranks × k; `backward_passes_per_step` and checkpoints keep k.
+    `k` can change while training
     runs (`optimizer.backward_passes_per_step = 4`) without retracing, as long as the optimizer was
     built with `k > 1`; raising it from 1 after the first step creates the accumulators, and the
     traced train function must then be rebuilt (`model.make_train_function(force=True)`):
@@ -218,6 +221,8 @@ class DistributedOptimizer(WrappingOptimizer):
         self._compression_name = _compression_name(compression)
         self.sparse_as_dense = bool(sparse_as_dense)
         self._initial_backward_passes = _check_backward_passes(backward_passes_per_step)
+        # Planned and running ranks are fixed for the job's life: the traced step takes this as a constant.
+        self._planned_ranks_per_rank = runtime.state().planned_size // runtime.state().size
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
         self.delay_gradients = bool(delay_gradients)
         self.one_bit_gradients = bool(one_bit_gradients)
@@ -311,7 +316,7 @@ class DistributedOptimizer(WrappingOptimizer):
                 self.add_variable(shape=v.shape, dtype="float32", name="one_bit_residual")
                 for v in self._trainable_variables
             ]
-        if self._initial_backward_passes > 1:
+        if self._initial_backward_passes * self._planned_ranks_per_rank > 1:
             self._create_accumulators()
 
     @_compat.no_automatic_dependency_tracking
@@ -407,7 +412,9 @@ class DistributedOptimizer(WrappingOptimizer):
             reduced, (mean_micro_batch_sq_norm,) = _reduce(
                 grads, self.op, self.compression, self.sparse_as_dense, statistics=[micro_batch_sq_norm]
             )
-            noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=batch_multiple(micro_batches))
+            # The micro-batches this update holds on all ranks, whatever the planned ranks.
+            all_micro_batches = runtime.state().size * micro_batches
+            noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=all_micro_batches)
         with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, trainable_variables)):
             self.inner_optimizer.apply(reduced, trainable_variables)
 
@@ -448,6 +455,7 @@ class DistributedOptimizer(WrappingOptimizer):
         if self._micro_batch_sq_norms is not None:
             self._micro_batch_sq_norms.assign_add(_squared_norm([g for g, _ in present]))
         micro_step = self._micro_step.assign_add(1)
+        stand_ins = self._planned_ranks_per_rank
 
         def update():
             # Divide by the micro-batches this window really holds: k may have been lowered
@@ -455,7 +463,13 @@ class DistributedOptimizer(WrappingOptimizer):
             mean_sq_norm = None
             if self._micro_batch_sq_norms is not None:
                 mean_sq_norm = self._micro_batch_sq_norms / tf.cast(micro_step, tf.float32)
-            divisor = micro_step if self.average_aggregated_gradients else 1
+            # Give what the planned ranks this rank stands in for would give together: each the
+            # mean (or sum) of its k micro-batches, combined as the op combines ranks.
+            combined_as_sum = self._op_name == "sum"
+            if self.average_aggregated_gradients:
+                divisor = tf.cast(micro_step, tf.float32) / (stand_ins if combined_as_sum else 1)
+            else:
+                divisor = 1 if combined_as_sum else stand_ins
             self._reduce_and_apply(
                 [total / tf.cast(divisor, total.dtype) for total in sums],
                 [v for _, v in present],
@@ -466,7 +480,7 @@ class DistributedOptimizer(WrappingOptimizer):
                 partial.assign(tf.zeros_like(partial))
             self._micro_step.assign(0)
 
-        tf.cond(micro_step >= self._backward_passes, update, lambda: None)
+        tf.cond(micro_step >= self._backward_passes * stand_ins, update, lambda: None)
 
     # The inner optimizer saves its own state as a child object. Accumulators are saved after
     # the counters, so a file saved with k = 1 loads into k > 1 and back.

@@ -17,6 +17,10 @@ import warnings
 
 from kerasdist.knobs import Knobs, engine_settings
 
+# The number of ranks the job was planned with, when it runs on fewer (set by `kerasdist-run
+# --min-np` after it lost hosts; see `planned_size`).
+PLANNED_SIZE_VARIABLE = "KERASDIST_PLANNED_SIZE"
+
 
 @dataclasses.dataclass
 class _State:
@@ -26,6 +30,7 @@ class _State:
     local_size: int
     cross_rank: int
     cross_size: int
+    planned_size: int
     knobs: Knobs
     ops: object  # the tf.load_op_library module
     engine: ctypes.CDLL
@@ -88,6 +93,7 @@ def init():
 
         world = MPI.COMM_WORLD
         rank, size = world.Get_rank(), world.Get_size()
+        planned_size = planned_size_from_environment(os.environ, size)  # every rank sees the same
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(color=local.Get_rank(), key=rank)
         cpus, sharing = _cpu_share(local)  # a collective: every rank joins, whatever its knob says
@@ -119,6 +125,7 @@ def init():
             local_size=local.Get_size(),
             cross_rank=cross.Get_rank(),
             cross_size=cross.Get_size(),
+            planned_size=planned_size,
             knobs=knobs,
             ops=ops,
             engine=engine,
@@ -130,6 +137,29 @@ def init():
         if size > 1:
             _abort_job_on_uncaught_exception(MPI)
             _remember_exit_status()
+
+
+def planned_size_from_environment(environ, size):
+    """`KERASDIST_PLANNED_SIZE` in `environ` for a job of `size` ranks: `size` when unset.
+
+    Raises:
+        ValueError: the value is not a whole multiple of `size` (each rank must stand in for a
+            whole number of planned ranks), naming the variable, its text and the fix.
+    """
+    text = environ.get(PLANNED_SIZE_VARIABLE, "").strip()
+    if not text:
+        return size
+    try:
+        planned = int(text)
+    except ValueError:
+        planned = 0
+    if planned < size or planned % size:
+        raise ValueError(
+            f"{PLANNED_SIZE_VARIABLE}={text!r} must be a whole multiple of this job's {size} rank(s): each "
+            f"rank stands in for planned / {size} ranks to keep the planned global batch; unset it, or run "
+            f"a number of ranks that divides it"
+        )
+    return planned
 
 
 def _cpu_share(local):
@@ -296,6 +326,27 @@ def rank():
 def size():
     """The number of processes in the job."""
     return _started().size
+
+
+def planned_size():
+    """The number of ranks the job was planned with: `size()`, unless the job runs on fewer.
+
+    `kerasdist-run --min-np` restarts a job on the hosts that remain after some are lost, with
+    a number of ranks that divides the planned one, and sets `KERASDIST_PLANNED_SIZE` on every
+    rank. `DistributedOptimizer` then accumulates `planned_size() // size()` times more
+    micro-batches per update, so the global batch stays per-rank batch × `planned_size()` × k.
+    Scale a learning rate by `planned_size()` rather than `size()`, and it stays what it was;
+    kerasdist's learning-rate callbacks and batch growth do.
+
+    Example:
+
+    ```python
+    import kerasdist
+    kerasdist.init()
+    print(kerasdist.planned_size() % kerasdist.size())  # 0
+    ```
+    """
+    return _started().planned_size
 
 
 def local_rank():

@@ -65,7 +65,7 @@ class LearningRateWarmup(_LearningRateCallback):
 
     Large global batches want a proportionally larger rate (the linear scaling rule), but
     starting there diverges; Goyal et al. ramp up over the first epochs. With `initial_lr` η,
-    batch scale k (ranks × `backward_passes_per_step`, or its square root for
+    batch scale k (planned ranks × `backward_passes_per_step`, or its square root for
     `scaling="sqrt"`), `W = warmup_epochs` and `S` steps per epoch, the step at batch `b` of
     epoch `e < W` runs at
 
@@ -94,7 +94,7 @@ class LearningRateWarmup(_LearningRateCallback):
     warmup = kerasdist.callbacks.LearningRateWarmup(warmup_epochs=1)
     history = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=2, epochs=2,
                         callbacks=[warmup], verbose=0)
-    print(round(history.history["learning_rate"][-1], 6) == round(0.01 * kerasdist.size(), 6))  # True
+    print(round(history.history["learning_rate"][-1], 6) == round(0.01 * kerasdist.planned_size(), 6))  # True
     ```
     """
 
@@ -132,7 +132,7 @@ class LearningRateWarmup(_LearningRateCallback):
 class LearningRateSchedule(_LearningRateCallback):
     """Sets the rate to `initial_lr` × batch scale × `multiplier(epoch)` within an epoch range.
 
-    The batch scale is as in `LearningRateWarmup` (ranks × `backward_passes_per_step`, by
+    The batch scale is as in `LearningRateWarmup` (planned ranks × `backward_passes_per_step`, by
     `scaling`), so a schedule written for one worker continues where the warmup ends. Outside
     `[start_epoch, end_epoch)` the rate is left alone.
 

@@ -19,7 +19,7 @@ import sys
 import threading
 
 from kerasdist import knobs, runtime
-from kerasdist.run import mpi, output
+from kerasdist.run import hosts, mpi, output
 
 PROG = "kerasdist-run"
 BUILD_INFO_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "build_info.json")
@@ -135,8 +135,9 @@ def make_parser():
         "(a bare `python` is whichever comes first on PATH), or start command with a .py\n"
         "script, which then runs under kerasdist-run's own Python (at the same path on\n"
         f"every host):\n  {sys.executable}\n"
-        "Without -H or --hostfile, a Python that cannot import kerasdist is refused before\n"
-        "any rank starts. TensorFlow's start-up notices, alike on every rank, are shown once.",
+        "Without -H, --hostfile or --host-discovery-script, a Python that cannot import\n"
+        "kerasdist is refused before any rank starts. TensorFlow's start-up notices, alike\n"
+        "on every rank, are shown once.",
         epilog="examples:\n"
         "  kerasdist-run -np 2 train.py                 # train.py under this Python\n"
         f"  kerasdist-run -np 2 {sys.executable} train.py\n"
@@ -159,6 +160,13 @@ def make_parser():
         help="hosts to run on, e.g. node1:2,node2:2 (default: this host)",
     )
     where.add_argument("--hostfile", type=_existing_file, metavar="FILE", help="host file in your MPI's own format")
+    where.add_argument(
+        "--host-discovery-script",
+        type=_program,
+        metavar="PROGRAM",
+        help="with --min-np: a program that prints the hosts available now, one host[:slots] a line; "
+        "run before every attempt",
+    )
     parser.add_argument(
         "--launcher-exec",
         type=_program,
@@ -200,7 +208,20 @@ def make_parser():
         "Ctrl-C or SIGTERM); each rank reads the attempt, 0 first, from KERASDIST_RESTART. With "
         "Rank0Checkpoint(resume=True) training continues from the last complete checkpoint",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the mpiexec command and exit")
+    parser.add_argument(
+        "--min-np",
+        type=_positive_int,
+        metavar="M",
+        help="with --restarts and -H or --host-discovery-script: before every attempt, find the hosts "
+        "available (-H hosts are probed through mpiexec) and start the most ranks, at least M, that fit "
+        "their slots and divide NP; each rank then accumulates NP / ranks times more micro-batches, so "
+        f"the global batch stays NP's. Every rank finds NP in {runtime.PLANNED_SIZE_VARIABLE}",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the mpiexec command and exit (with --min-np, -H hosts are not probed)",
+    )
     parser.add_argument("--verbose", action="store_true", help="print the mpiexec command to stderr, then run it")
     parser.add_argument(
         "--check-build",
@@ -399,6 +420,52 @@ def _what_to_run_instead(argv, given_command, environ):
     )
 
 
+def _stop_with_signal_status(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def _placement_stopping_on_signals(args, environ, probe_command):
+    """`_placement`, ended by Ctrl-C or SIGTERM with their status (a stop, as during a job),
+    after the probes it started are stopped."""
+    previous = {signum: signal.signal(signum, _stop_with_signal_status) for signum in FORWARDED_SIGNALS}
+    try:
+        return _placement(args, environ, probe_command)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _placement(args, environ, probe_command):
+    """(ranks, -H text) for the next attempt of a --min-np job, saying on stderr which hosts are
+    left out and how many planned ranks each rank stands in for. Without ``probe_command``, -H
+    hosts are taken as available.
+
+    Raises:
+        mpi.LaunchError: the discovery program fails, or no number of ranks fits (the message
+            names the numbers).
+    """
+    missing = {}
+    if args.host_discovery_script:
+        available = hosts.discover_hosts(args.host_discovery_script, environ)
+    elif probe_command is None:
+        available = hosts.parse_host_list(args.hosts)
+    else:
+        available, missing = hosts.probe_hosts(hosts.parse_host_list(args.hosts), probe_command)
+    for name, reason in missing.items():
+        print(f"{PROG}: host {name} is unavailable ({reason}); leaving it out", file=sys.stderr, flush=True)
+    planned = args.num_processes
+    ranks = hosts.choose_ranks(planned, sum(host.slots for host in available), args.min_np)
+    placed = hosts.host_list_text(hosts.place(available, ranks))
+    if ranks < planned:
+        print(
+            f"{PROG}: starting {ranks} of the planned {planned} ranks on {placed}: each accumulates "
+            f"{planned // ranks} times the micro-batches per update, so the global batch stays the planned one",
+            file=sys.stderr,
+            flush=True,
+        )
+    return ranks, placed
+
+
 def main(argv=None, environ=None, run_version=mpi.run_version_query):
     """Entry point of ``kerasdist-run``; returns the exit status.
 
@@ -415,6 +482,20 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
         parser.error("argument -np/-n is required: the number of processes to start")
     if not command:
         parser.error(f"no command to run: put it after the options, e.g. {PROG} -np 2 train.py")
+    if args.host_discovery_script and not args.min_np:
+        parser.error("--host-discovery-script needs --min-np: the hosts it lists are used to restart on fewer ranks")
+    if args.min_np:
+        if not args.restarts:
+            parser.error("--min-np needs --restarts N: it chooses the hosts and ranks of each restart")
+        if args.hostfile:
+            parser.error(
+                "--min-np does not read --hostfile (your MPI's own format): give the hosts as "
+                "-H HOST:SLOTS,... or --host-discovery-script"
+            )
+        if not (args.hosts or args.host_discovery_script):
+            parser.error("--min-np needs the hosts it may choose from: -H HOST:SLOTS,... or --host-discovery-script")
+        if args.min_np > args.num_processes:
+            parser.error(f"--min-np {args.min_np} is more than the {args.num_processes} ranks planned (-np)")
     given_command = command
     if command[0].endswith(".py") and os.path.isfile(command[0]):
         command = [sys.executable, *command]
@@ -434,13 +515,16 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     if args.network_interface:
         environment.update(mpi.interface_environment(flavour, args.network_interface, environ))
 
-    def launch_command(attempt):
+    if args.min_np:
+        environment[runtime.PLANNED_SIZE_VARIABLE] = str(args.num_processes)
+
+    def launch_command(attempt, num_processes=args.num_processes, host_list=args.hosts):
         return mpi.build_command(
             mpiexec,
             flavour,
-            args.num_processes,
+            num_processes,
             command,
-            hosts=args.hosts,
+            hosts=host_list,
             hostfile=args.hostfile,
             environment={**environment, RESTART_VARIABLE: str(attempt)} if args.restarts else environment,
             mpi_args=args.mpi_args,
@@ -448,11 +532,30 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
             network_interface=args.network_interface,
         )
 
+    def probe_command(host_name):
+        return mpi.build_command(
+            mpiexec,
+            flavour,
+            1,
+            ["true"],
+            hosts=f"{host_name}:1",
+            mpi_args=args.mpi_args,
+            launcher_exec=args.launcher_exec,
+            network_interface=args.network_interface,
+        )
+
     if args.dry_run:
-        print(shlex.join(launch_command(0)))
+        try:
+            ranks, host_list = (
+                _placement(args, environ, probe_command=None) if args.min_np else (args.num_processes, args.hosts)
+            )
+        except mpi.LaunchError as error:
+            print(f"{PROG}: error: {error}", file=sys.stderr)
+            return 1
+        print(shlex.join(launch_command(0, ranks, host_list)))
         return 0
     # On other hosts the program may be another Python than here; only a local job is checked.
-    if is_python(command[0]) and not (args.hosts or args.hostfile):
+    if is_python(command[0]) and not (args.hosts or args.hostfile or args.host_discovery_script):
         problem = interpreter_problem(command, environ)
         if problem:
             instead = _what_to_run_instead(argv, given_command, environ)
@@ -460,8 +563,17 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
             return USAGE_ERROR
     stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
     copy_stderr = (lambda fd, ended: output.copy_showing_startup_notices_once(fd, stderr, ended)) if stderr else None
+    status = 1  # what a refusal to start reports, until an attempt has run
     for attempt in range(args.restarts + 1):
-        launch = launch_command(attempt)
+        ranks, host_list = args.num_processes, args.hosts
+        if args.min_np:
+            try:
+                ranks, host_list = _placement_stopping_on_signals(args, environ, probe_command)
+            except mpi.LaunchError as error:
+                again = " again" if attempt else ""
+                print(f"{PROG}: error: {error}; not starting the job{again}", file=sys.stderr, flush=True)
+                return status
+        launch = launch_command(attempt, ranks, host_list)
         if args.verbose:
             print(shlex.join(launch), file=sys.stderr, flush=True)
         try:
