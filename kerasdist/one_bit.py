@@ -15,7 +15,11 @@ import tensorflow as tf
 
 from kerasdist import ops, runtime
 
-_BIT_WEIGHTS = tf.constant([1, 2, 4, 8, 16, 32, 64, 128], tf.uint8)
+# Eight 0/1 bytes read as one little-endian integer, times this, carry bit i of byte i into bit
+# 56 + i with no other term reaching bits 56-63: the top byte is the eight bits packed.
+_GATHER_BITS = tf.constant(0x0102040810204080, tf.uint64)
+# The eight signs (lowest bit first) that each byte value stands for.
+_SIGNS_OF_BYTE = tf.constant([[1.0 if (byte >> i) & 1 else -1.0 for i in range(8)] for byte in range(256)])
 _SCALE_BYTES = 4  # a float32
 
 
@@ -32,17 +36,20 @@ def quantize(corrected):
     scale = tf.reduce_mean(tf.abs(flat))
     non_negative = flat >= 0
     sent = tf.reshape(tf.where(non_negative, scale, -scale), tf.shape(corrected))
-    padding = (-tf.size(flat)) % 8
-    bits = tf.pad(tf.cast(non_negative, tf.uint8), [[0, padding]])
-    packed = tf.reduce_sum(tf.reshape(bits, [-1, 8]) * _BIT_WEIGHTS, axis=1)
+    bits = tf.pad(tf.cast(non_negative, tf.uint8), [[0, (-tf.size(flat)) % 8]])
+    words = tf.bitcast(tf.reshape(bits, [-1, 8]), tf.uint64)
+    packed = tf.cast(tf.bitwise.right_shift(words * _GATHER_BITS, tf.constant(56, tf.uint64)), tf.uint8)
     return packed, scale, sent
 
 
-def unpack_signs(packed, count):
-    """±1.0 (float32) for the first `count` bits of each row of `packed` ([rows, bytes] uint8)."""
-    bits = tf.bitwise.bitwise_and(packed[..., tf.newaxis], _BIT_WEIGHTS) > 0
-    bits = tf.reshape(bits, [tf.shape(packed)[0], -1])[:, :count]
-    return tf.where(bits, 1.0, -1.0)
+def decode_mean(packed, scales, count):
+    """The mean over rows r of `scales[r] × signs of packed[r]`: `packed` is [ranks, bytes]
+    uint8, `scales` [ranks] float32; the first `count` values, float32."""
+    ranks = packed.shape[0]
+    # Each rank's byte values looked up in its own table of ±scale: one pass per rank.
+    tables = scales[:, tf.newaxis, tf.newaxis] * (_SIGNS_OF_BYTE / ranks)
+    total = tf.add_n([tf.gather(tables[r], tf.cast(packed[r], tf.int32)) for r in range(ranks)])
+    return tf.reshape(total, [-1])[:count]
 
 
 def reduce(grads, residuals, op=ops.Average):
@@ -63,17 +70,15 @@ def reduce(grads, residuals, op=ops.Average):
         scales = tf.bitcast(tf.stack([scale for _, scale, _ in quantized]), tf.uint8)
         message = tf.concat([packed for packed, _, _ in quantized] + [tf.reshape(scales, [-1])], axis=0)
         gathered = tf.reshape(ops.allgather(message[tf.newaxis]), [size, -1])
+        every_scale = tf.bitcast(
+            tf.reshape(gathered[:, -_SCALE_BYTES * len(corrected) :], [size, len(corrected), _SCALE_BYTES]), tf.float32
+        )
         reduced, at = [], 0
-        for c in corrected:
+        for i, c in enumerate(corrected):
             count = c.shape.num_elements()
-            signs = unpack_signs(gathered[:, at : at + packed_length(count)], count)
-            reduced.append(signs)
+            packed = gathered[:, at : at + packed_length(count)]
+            reduced.append(tf.reshape(decode_mean(packed, every_scale[:, i], count), tf.shape(c)))
             at += packed_length(count)
-        every_scale = tf.bitcast(tf.reshape(gathered[:, at:], [size, len(corrected), _SCALE_BYTES]), tf.float32)
-        reduced = [
-            tf.reshape(tf.reduce_mean(signs * every_scale[:, i : i + 1], axis=0), tf.shape(c))
-            for i, (signs, c) in enumerate(zip(reduced, corrected))
-        ]
     if op == ops.Sum:
         reduced = [r * size for r in reduced]
     return [tf.cast(r, tf.convert_to_tensor(g).dtype) for r, g in zip(reduced, grads)]

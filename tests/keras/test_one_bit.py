@@ -32,8 +32,13 @@ def test_quantize_keeps_signs_and_mean_magnitude_and_loses_only_the_residual(cou
     np.testing.assert_array_equal(packed, expected_bits)
     np.testing.assert_allclose(scale, np.mean(np.abs(values)), rtol=1e-6)
     np.testing.assert_array_equal(sent, np.where(values >= 0, scale, -scale).astype("float32"))
-    signs = one_bit.unpack_signs(tf.constant(packed[np.newaxis]), count).numpy()
-    np.testing.assert_array_equal(signs[0], np.where(values >= 0, 1.0, -1.0))
+    signs = np.where(values >= 0, 1.0, -1.0)
+    decoded = one_bit.decode_mean(tf.constant(packed[np.newaxis]), tf.constant([1.0]), count).numpy()
+    np.testing.assert_array_equal(decoded, signs)
+    # two ranks' signs and scales, averaged: the second sends the opposite signs
+    flipped = np.packbits(np.pad(values < 0, (0, (-count) % 8)), bitorder="little")
+    decoded = one_bit.decode_mean(tf.constant(np.stack([packed, flipped])), tf.constant([0.5, 2.0]), count).numpy()
+    np.testing.assert_allclose(decoded, (0.5 * signs - 2.0 * signs) / 2, rtol=1e-6)
 
 
 def test_residual_plus_sent_is_the_corrected_gradient():
