@@ -28,7 +28,7 @@ FUSION_THRESHOLDS = {
 }
 
 
-def compile_command(output):
+def compile_command(output, program=TEST_PROGRAM):
     build_info = read_build_info(BUILD_INFO)
     if build_info is None or "mpi_compile_flags" not in build_info:
         pytest.fail(f"{BUILD_INFO} is missing or predates mpi_compile_flags: build the op library (make build)")
@@ -46,7 +46,7 @@ def compile_command(output):
         f"-I{ENGINE_DIR}",
         *build_info["mpi_compile_flags"],
         *sources,
-        str(TEST_PROGRAM),
+        str(program),
         "-o",
         str(output),
         *link_flags,

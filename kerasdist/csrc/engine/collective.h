@@ -2,11 +2,20 @@
 // callbacks, and how running it went.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "common.h"
 
 namespace kerasdist {
+
+// Where a collective's device tensors are and when the inputs are ready to read.
+struct DeviceTensors {
+  int ordinal = -1;  // the CUDA device holding inputs and outputs
+  // Makes `stream` (a cudaStream_t on that device) wait until the producer of the inputs has
+  // written them, without blocking the calling thread.
+  std::function<Status(void* stream)> wait_for_inputs;
+};
 
 struct Collective {
   Request request;
@@ -16,6 +25,7 @@ struct Collective {
   AllocateFn allocate;
   AliasFn alias;
   DoneFn done;
+  DeviceTensors device;  // request.device == kGpu only
   Clock::time_point enqueued;
   bool reported = false;  // sent to rank 0 through the slow path
   Status status;          // first failure while running

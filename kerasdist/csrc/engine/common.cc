@@ -67,6 +67,14 @@ const char* OpKindName(OpKind kind) {
   return "unknown";
 }
 
+const char* DeviceName(Device device) {
+  switch (device) {
+    case Device::kCpu: return "CPU";
+    case Device::kGpu: return "GPU";
+  }
+  return "unknown";
+}
+
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kAverage: return "Average";

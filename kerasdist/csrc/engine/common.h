@@ -22,6 +22,9 @@ enum class OpKind : uint8_t {
   kJoin = 5,  // this rank has no more data (kerasdist.join); never cached, never fused
 };
 enum class ReduceOp : uint8_t { kAverage = 0, kSum = 1, kMin = 2, kMax = 3, kProduct = 4 };
+// Where a request's tensors live. Negotiated: a tensor on a GPU on one rank and in host memory
+// on another cannot meet in one collective (NCCL moves device memory, MPI host memory).
+enum class Device : uint8_t { kCpu = 0, kGpu = 1 };
 
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -35,6 +38,7 @@ size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);
 const char* OpKindName(OpKind kind);
 const char* ReduceOpName(ReduceOp op);
+const char* DeviceName(Device device);
 bool IsFloatingPoint(DataType dtype);
 
 enum class StatusCode : uint8_t {
@@ -80,6 +84,7 @@ struct Request {
   double postscale = 1.0;
   std::vector<TensorSpec> tensors;  // more than one for a grouped allreduce
   std::vector<int64_t> splits;      // alltoall: rows sent to each rank
+  Device device = Device::kCpu;
   // The caller's thread waits for this request alone (an eager call): a rank whose pending
   // requests are all blocking can submit nothing else until one of them completes.
   bool blocking = false;

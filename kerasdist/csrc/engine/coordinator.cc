@@ -176,6 +176,12 @@ Response Coordinator::Complete(const std::string& name, std::vector<int32_t>* ev
         " have joined (kerasdist.join) without it: a joined rank has no data to send. Only allreduce "
         "with Sum or Average runs until every rank has joined; call join() after the last collective "
         "that needs every rank.");
+  } else if (sent->device == Device::kGpu) {
+    // A joined rank's zeros are host memory, which NCCL cannot read.
+    response.status = Status::FailedPrecondition(
+        std::string("kerasdist: cannot run allreduce '") + name + "' of GPU tensors while rank(s) " + ranks +
+        " have joined (kerasdist.join): joining is supported for host tensors only. Call join() after the "
+        "last GPU collective, or place the tensor on the CPU.");
   } else if (sent->reduce_op != ReduceOp::kSum && sent->reduce_op != ReduceOp::kAverage) {
     response.status = Status::FailedPrecondition(
         std::string("kerasdist: cannot run allreduce '") + name + "' with op " + ReduceOpName(sent->reduce_op) +
@@ -222,6 +228,11 @@ Response Coordinator::Validate(const std::string& name, const std::vector<const 
 
   auto kinds = per_rank([](const Request& r) { return std::string(OpKindName(r.kind)); });
   if (disagree(kinds)) return fail("collective", kinds, "Every rank must call the same op for one name.");
+  auto devices = per_rank([](const Request& r) { return std::string("a tensor on ") + DeviceName(r.device); });
+  if (disagree(devices)) {
+    return fail("device", devices, "Place the tensor on the same kind of device on every rank (tf.device, "
+                "kerasdist.pin_gpu()).");
+  }
   auto counts = per_rank([](const Request& r) { return std::to_string(r.tensors.size()) + " tensor(s)"; });
   if (disagree(counts)) return fail("group size", counts, "Every rank must group the same tensors.");
   const Request& first = *by_rank[0];

@@ -92,7 +92,7 @@ void Engine::Shutdown() {
   // may still hold an unfinished negotiation, and freeing it then would be erroneous.
 }
 
-Status Engine::CheckLocally(Request* request) const {
+Status Engine::CheckLocally(Request* request, const DeviceTensors& device) const {
   const std::string& name = request->name;
   if (request->kind == OpKind::kBroadcast && (request->root_rank < 0 || request->root_rank >= size_)) {
     return Status::InvalidArgument("kerasdist: root_rank " + std::to_string(request->root_rank) +
@@ -114,6 +114,14 @@ Status Engine::CheckLocally(Request* request) const {
       return Status::InvalidArgument("kerasdist: cannot reduce bool tensor '" + name +
                                      "'; cast it to an integer type first");
     }
+  }
+  if (request->device == Device::kGpu) {
+    if (!device_hooks_.check) {
+      return Status::InvalidArgument("kerasdist: '" + name + "' is on a GPU, but this op library was built "
+                                     "without NCCL; rebuild with KERASDIST_WITH_NCCL=1 or place it on the CPU");
+    }
+    Status supported = device_hooks_.check(*request, device);
+    if (!supported.ok()) return supported;
   }
   if (request->kind == OpKind::kAlltoall) {
     const Shape& shape = request->tensors[0].shape;
@@ -138,10 +146,11 @@ Status Engine::CheckLocally(Request* request) const {
 }
 
 Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
-                       AllocateFn allocate, AliasFn alias, DoneFn done) {
+                       AllocateFn allocate, AliasFn alias, DoneFn done,
+                       DeviceTensors device) {
   // A mistake that needs no other rank to see fails here, on the rank that made it, and is
   // negotiated too, so the ranks that did call correctly fail the same call instead of waiting.
-  Status local = CheckLocally(&request);
+  Status local = CheckLocally(&request, device);
   if (!local.ok()) {
     request.error = local.message;
     SubmitFailure(std::move(request));
@@ -155,6 +164,7 @@ Status Engine::Enqueue(Request request, std::vector<const void*> inputs, std::ve
   entry->allocate = std::move(allocate);
   entry->alias = std::move(alias);
   entry->done = std::move(done);
+  entry->device = std::move(device);
   entry->enqueued = Clock::now();
   const std::string& name = entry->request.name;
   {
@@ -434,12 +444,14 @@ std::unique_ptr<Collective> Engine::ZeroCollective(const Response& response) {
 void Engine::Execute(std::vector<Ready>& ready) {
   // Allreduces first (they fuse), then the rest; the order is the same on every rank.
   std::vector<Collective*> allreduces;
-  std::vector<Ready*> others;
+  std::vector<Ready*> others, on_device;
   for (Ready& r : ready) {
     Collective* c = r.collective;
     c->contributors = r.response.contributors > 0 ? r.response.contributors : size_;
     if (timeline_.enabled()) timeline_.Phase(c->request.name, "queued", c->enqueued, r.negotiated);
-    if (c->request.kind == OpKind::kAllreduce && r.response.status.ok()) {
+    if (c->request.device == Device::kGpu && r.response.status.ok()) {
+      on_device.push_back(&r);
+    } else if (c->request.kind == OpKind::kAllreduce && r.response.status.ok()) {
       allreduces.push_back(c);
     } else {
       others.push_back(&r);
@@ -447,6 +459,7 @@ void Engine::Execute(std::vector<Ready>& ready) {
   }
   fusion_->Run(allreduces);
   for (Collective* c : allreduces) Finish(c, c->status);
+  if (!on_device.empty()) ExecuteOnDevice(on_device);
   for (Ready* r : others) {
     Collective* c = r->collective;
     Status status = r->response.status;
@@ -464,6 +477,22 @@ void Engine::Execute(std::vector<Ready>& ready) {
     }
     Finish(c, status);
   }
+}
+
+void Engine::ExecuteOnDevice(const std::vector<Ready*>& ready) {
+  Status created;
+  if (!device_executor_) {
+    // Requests on a GPU pass CheckLocally only where the hooks exist, and every rank runs the
+    // same library, so every rank gets here in this cycle.
+    created = device_hooks_.create(comm_, watchdog_.get(), &timeline_, options_, &device_executor_);
+    if (created.ok() && !device_executor_) created = Status::Internal("kerasdist: no device executor was created");
+  }
+  if (created.ok()) {
+    std::vector<std::pair<Collective*, const Response*>> run;
+    for (Ready* r : ready) run.push_back({r->collective, &r->response});
+    device_executor_->Run(run);
+  }
+  for (Ready* r : ready) Finish(r->collective, created.ok() ? r->collective->status : created);
 }
 
 Status Engine::RunAllgather(Collective* c, const Response& r) {

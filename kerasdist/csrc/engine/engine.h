@@ -33,6 +33,7 @@
 #include "collective.h"
 #include "common.h"
 #include "coordinator.h"
+#include "device_executor.h"
 #include "fusion.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
@@ -58,12 +59,16 @@ class Engine {
   // Where fused allreduces get their buffers; the front end sets it once, before Start.
   void SetFusionBufferFactory(FusionBufferFactory factory) { fusion_buffer_factory_ = std::move(factory); }
   bool has_fusion_buffer_factory() const { return static_cast<bool>(fusion_buffer_factory_); }
+  // How device tensors run; the NCCL build's front end sets it once, before Start.
+  void SetDeviceHooks(DeviceHooks hooks) { device_hooks_ = std::move(hooks); }
+  bool has_device_hooks() const { return static_cast<bool>(device_hooks_.create); }
 
   // Hands one request to the engine. On an error return, `done` is not called. `outputs` are
   // the buffers known before negotiation (broadcast, reducescatter); allreduce outputs come
   // from `allocate` or `alias` when the request runs.
+  // `device` describes tensors in device memory (request.device == kGpu).
   Status Enqueue(Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
-                 AllocateFn allocate, AliasFn alias, DoneFn done);
+                 AllocateFn allocate, AliasFn alias, DoneFn done, DeviceTensors device = {});
   // Negotiates a collective this rank could not run (`request.error` says why), so that the
   // other ranks fail the same call within a cycle instead of waiting for it. Nothing runs and
   // nothing is called back on this rank; the caller raises its own error.
@@ -76,8 +81,8 @@ class Engine {
     Clock::time_point negotiated;
   };
 
-  // Checks that need no other rank; fills alltoall's default splits.
-  Status CheckLocally(Request* request) const;
+  // Checks that need no other rank (and the device hooks' own); fills alltoall's default splits.
+  Status CheckLocally(Request* request, const DeviceTensors& device) const;
   void Loop();
   // Returns false when the engine must stop (shutdown agreed or a fatal error).
   bool RunCycle(bool* progress);
@@ -85,6 +90,8 @@ class Engine {
   // A joined rank's stand-in for `response`, which it runs with zeros.
   std::unique_ptr<Collective> ZeroCollective(const Response& response);
   void Execute(std::vector<Ready>& ready);
+  // Runs the cycle's device collectives, creating the executor on first use.
+  void ExecuteOnDevice(const std::vector<Ready*>& ready);
   Status RunAllgather(Collective* c, const Response& r);
   Status RunBroadcast(Collective* c);
   Status RunReducescatter(Collective* c);
@@ -121,6 +128,8 @@ class Engine {
   std::unique_ptr<Backend> backend_;  // watched by watchdog_
   std::unique_ptr<Fusion> fusion_;
   FusionBufferFactory fusion_buffer_factory_;
+  DeviceHooks device_hooks_;
+  std::unique_ptr<DeviceExecutor> device_executor_;  // created by the first device collective
   std::atomic<bool> timed_out_{false};
   Timeline timeline_;
   // Join (kerasdist.join). Rank 0 decides who has joined and sends the list with every

@@ -16,6 +16,7 @@ void WriteRequest(ByteWriter& w, const Request& r) {
     w.Put<uint8_t>(static_cast<uint8_t>(t.wire));
   }
   w.PutInts(r.splits);
+  w.Put<uint8_t>(static_cast<uint8_t>(r.device));
   w.Put<uint8_t>(r.blocking ? 1 : 0);
   w.PutString(r.error);
 }
@@ -35,6 +36,7 @@ Request ReadRequest(ByteReader& in) {
     t.wire = static_cast<DataType>(in.Get<uint8_t>());
   }
   r.splits = in.GetInts();
+  r.device = static_cast<Device>(in.Get<uint8_t>());
   r.blocking = in.Get<uint8_t>() != 0;
   r.error = in.GetString();
   return r;

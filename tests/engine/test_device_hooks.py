@@ -1,0 +1,37 @@
+"""The engine's routing of GPU collectives, without a GPU: device_hooks_test.cc registers a
+stand-in executor (host memory, MPI) through DeviceHooks and checks, at 2 and 3 ranks, that the
+device is negotiated, GPU requests reach the executor and CPU ones do not, and refusals fail
+every rank. The NCCL executor itself needs a GPU: benchmarks/gpu_check.py is its check."""
+
+import re
+import shlex
+import subprocess
+
+import pytest
+from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, run_job
+from test_c_api import COMPILE_TIMEOUT_S, compile_command
+
+pytestmark = LAUNCH_TEST_MARKS
+TEST_PROGRAM = REPO_ROOT / "tests" / "engine" / "device_hooks_test.cc"
+
+
+@pytest.fixture(scope="session")
+def device_hooks_test(tmp_path_factory):
+    program = tmp_path_factory.mktemp("engine") / "device_hooks_test"
+    command = compile_command(program, TEST_PROGRAM)
+    compiled = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
+    assert compiled.returncode == 0, f"$ {shlex.join(command)}\n{compiled.stdout}{compiled.stderr}"
+    return program
+
+
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_gpu_collectives_are_negotiated_with_their_device_and_run_by_the_executor(device_hooks_test, ranks, tmp_path):
+    job = run_job(
+        [MPIEXEC, "-n", ranks, device_hooks_test],
+        cwd=tmp_path,
+        timeout=DEFAULT_JOB_TIMEOUT_S,
+        script_name=device_hooks_test.name,
+    )
+    assert not job.timed_out and job.returncode == 0, job.describe()
+    passed = re.findall(r"^rank \d+: passed, 0 of [1-9]\d* checks failed$", job.output, re.MULTILINE)
+    assert len(passed) == ranks, job.describe()
