@@ -6,9 +6,14 @@ PY := $(VENV)/bin/python
 MPIEXEC := $(VENV)/bin/mpiexec
 # One math thread per rank: ranks share the cores, and oversubscription distorts timings.
 RUN_ENV := OMP_NUM_THREADS=1 TF_NUM_INTRAOP_THREADS=1 TF_CPP_MIN_LOG_LEVEL=2
-OP_LIBRARY_SOURCES := setup.py $(wildcard kerasdist/csrc/*/*.cc kerasdist/csrc/*/*.h)
+OP_LIBRARY_SOURCES := setup.py $(wildcard kerasdist/csrc/*/*.cc kerasdist/csrc/*/*.h kerasdist/csrc/*/*/*.cc kerasdist/csrc/*/*/*.h)
+# The NCCL variant lives in a venv of its own, kerasdist installed into it (not editable), so the
+# two builds of the op library never overwrite each other.
+NCCL_VENV := .venv-nccl
+NCCL_PY := $(NCCL_VENV)/bin/python
+PACKAGE_SOURCES := $(wildcard kerasdist/*.py kerasdist/*/*.py kerasdist/*/*/*.py)
 
-.PHONY: venv build lint test soak demo bench bench-net clean
+.PHONY: venv build lint test soak demo bench bench-net build-nccl test-nccl clean
 
 venv: $(VENV)/.editable
 
@@ -50,6 +55,28 @@ test: lint build
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(MAKE) --no-print-directory soak
 
+# GPU kernels and the NCCL backend, compiled and linked with g++ against the PyPI NCCL and CUDA
+# runtime wheels (requirements-nccl.txt); builds on a machine without a GPU.
+build-nccl: $(NCCL_VENV)/.built
+
+$(NCCL_VENV)/.installed: requirements.txt requirements-nccl.txt
+	$(PYTHON) -m venv $(NCCL_VENV)
+	$(NCCL_PY) -m pip install -q --upgrade pip
+	$(NCCL_PY) -m pip install -q -r requirements.txt -r requirements-nccl.txt
+	touch $@
+
+$(NCCL_VENV)/.built: $(NCCL_VENV)/.installed $(OP_LIBRARY_SOURCES) $(PACKAGE_SOURCES)
+	KERASDIST_WITH_NCCL=1 $(NCCL_PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+	touch $@
+
+# What runs of the NCCL variant without a GPU: the library loads and says it has NCCL, and the
+# CPU collectives behave as in the normal build. `python -P` keeps this tree off sys.path, so
+# kerasdist (and its NCCL library) comes from the NCCL venv.
+test-nccl: build-nccl
+	$(RUN_ENV) timeout 300 $(NCCL_VENV)/bin/kerasdist-run --check-build
+	$(RUN_ENV) KERASDIST_EXPECT_NCCL=1 timeout 900 $(NCCL_VENV)/bin/mpiexec -n 2 $(NCCL_PY) -P -m pytest -q \
+	    -p no:cacheprovider tests/collectives
+
 # 5,000 fit steps on 2 ranks, checking that memory, threads, open files and the timeline's growth
 # per step stay put (benchmarks/soak.py says the bounds).
 soak: build
@@ -74,4 +101,4 @@ bench-net: build
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py
 
 clean:
-	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built
+	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built $(NCCL_VENV)/.built

@@ -10,6 +10,13 @@ The library is compiled against the TensorFlow found in the build environment
 An rpath (``$ORIGIN``-relative, then absolute) lets ``tf.load_op_library`` find
 ``libmpi`` without ``LD_LIBRARY_PATH``. mpi4py must use the same MPI.
 
+``KERASDIST_WITH_NCCL=1`` adds GPU kernels of the ops and an NCCL backend for them, compiled
+with g++ alone (no ``nvcc``: the kernels only call the CUDA runtime API) against the PyPI
+wheels ``nvidia-nccl-cu12`` (``nccl.h``, ``libnccl.so.2``), ``nvidia-cuda-runtime-cu12``
+(``libcudart.so.12`` and its headers) and, for headers those include, ``nvidia-cuda-nvcc-cu12``
+and ``nvidia-cuda-cccl-cu12`` (requirements-nccl.txt). TensorFlow's own headers suffice,
+including tensorflow-cpu's.
+
 ``build_info.json`` beside the library records that MPI, its compile and link flags (which
 tests/engine builds the engine with, without TensorFlow), its ``mpiexec`` and flavour (which
 ``kerasdist-run`` launches with) and the TensorFlow version.
@@ -19,6 +26,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -26,10 +34,12 @@ import sys
 import sysconfig
 
 from setuptools import Extension, find_packages, setup
+from setuptools.command.build import build
 from setuptools.command.build_ext import build_ext
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("kerasdist", "csrc")
+WITH_NCCL = os.environ.get("KERASDIST_WITH_NCCL", "0") == "1"
 
 
 def mpi_flags():
@@ -70,6 +80,39 @@ def mpi_flags():
     return compile_flags, link_flags, lib_dirs, f"mpicc at {mpicc}", os.path.dirname(mpicc)
 
 
+def nvidia_wheel_dir(name):
+    """Where the PyPI wheel ``nvidia-<name>`` put its include/ and lib/ (the ``nvidia.<name>`` package)."""
+    spec = importlib.util.find_spec(f"nvidia.{name.replace('-', '_')}")
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(
+            f"kerasdist: KERASDIST_WITH_NCCL=1 needs the PyPI wheel nvidia-{name}-cu12; "
+            "pip install -r requirements-nccl.txt"
+        )
+    return list(spec.submodule_search_locations)[0]
+
+
+def nccl_flags():
+    """Returns (compile_flags, link_flags, lib_dirs, version) for NCCL and the CUDA runtime."""
+    nccl, cudart = nvidia_wheel_dir("nccl"), nvidia_wheel_dir("cuda-runtime")
+    # cuda_runtime_api.h includes crt/host_defines.h (shipped with nvcc's headers) and nccl.h's
+    # cuda_fp16.h includes <nv/target> (CCCL's); both are headers only here.
+    includes = [nccl, cudart, nvidia_wheel_dir("cuda-nvcc"), nvidia_wheel_dir("cuda-cccl")]
+    header = open(os.path.join(nccl, "include", "nccl.h"), encoding="utf-8").read()
+    version = ".".join(
+        re.search(rf"#define NCCL_{part}\s+(\d+)", header).group(1) for part in ("MAJOR", "MINOR", "PATCH")
+    )
+    lib_dirs = [os.path.join(nccl, "lib"), os.path.join(cudart, "lib")]
+    # The wheels ship only versioned names; --no-as-needed keeps NCCL linked although only
+    # kernels that may never run call it, so a missing libnccl fails at load, not mid-training.
+    link = [f"-L{d}" for d in lib_dirs] + [
+        "-Wl,--no-as-needed",
+        "-l:libnccl.so.2",
+        "-l:libcudart.so.12",
+        "-Wl,--as-needed",
+    ]
+    return ["-DKERASDIST_WITH_NCCL"] + [f"-I{os.path.join(d, 'include')}" for d in includes], link, lib_dirs, version
+
+
 def launcher_mpi_module():
     """kerasdist/run/mpi.py, loaded by path: the package is not importable while it is built."""
     path = os.path.join(HERE, "kerasdist", "run", "mpi.py")
@@ -85,6 +128,16 @@ def mpiexec_and_flavour(bin_dir):
     mpiexec = mpi.mpiexec_of_install(bin_dir)
     flavour = mpi.detect_flavour(mpiexec) if mpiexec else None
     return mpiexec, flavour.name if flavour else None
+
+
+class BuildVariantApart(build):
+    """Builds the NCCL variant under build/nccl/: setuptools skips an extension that looks up to
+    date in its build directory, so a shared one would hand either variant the other's library."""
+
+    def initialize_options(self):
+        super().initialize_options()
+        if WITH_NCCL:
+            self.build_base = os.path.join("build", "nccl")
 
 
 class BuildOpLibrary(build_ext):
@@ -108,10 +161,11 @@ class BuildOpLibrary(build_ext):
         import tensorflow as tf  # only needed at build time
 
         mpi_compile, mpi_link, mpi_lib_dirs, mpi_source, mpi_bin_dir = mpi_flags()
+        nccl_compile, nccl_link, nccl_lib_dirs, nccl_version = nccl_flags() if WITH_NCCL else ([], [], [], None)
         out_dir = self.final_directory(ext)
         tf_lib_dir = tf.sysconfig.get_lib()
         rpaths = []
-        for lib_dir in mpi_lib_dirs + [tf_lib_dir]:
+        for lib_dir in mpi_lib_dirs + nccl_lib_dirs + [tf_lib_dir]:
             rpaths += ["$ORIGIN/" + os.path.relpath(lib_dir, out_dir), os.path.abspath(lib_dir)]
         # -Wno-interference-size: Eigen (in TensorFlow's headers) uses
         # std::hardware_destructive_interference_size, and GCC 12 warns about that on every include.
@@ -119,8 +173,9 @@ class BuildOpLibrary(build_ext):
             ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-deprecated-declarations", "-Wno-interference-size"]
             + tf.sysconfig.get_compile_flags()
             + mpi_compile
+            + nccl_compile
         )
-        ext.extra_link_args = tf.sysconfig.get_link_flags() + mpi_link + [f"-Wl,-rpath,{p}" for p in rpaths]
+        ext.extra_link_args = tf.sysconfig.get_link_flags() + mpi_link + nccl_link + [f"-Wl,-rpath,{p}" for p in rpaths]
         # Python's own CFLAGS (e.g. -DNDEBUG -g -fwrapv) are harmless; its C++ std flag is ours.
         super().build_extension(ext)
         mpiexec, flavour = mpiexec_and_flavour(mpi_bin_dir)
@@ -133,7 +188,8 @@ class BuildOpLibrary(build_ext):
                     "mpi_link_flags": mpi_link,
                     "mpiexec": mpiexec,
                     "mpi_flavour": flavour,
-                    "nccl": False,
+                    "nccl": WITH_NCCL,
+                    "nccl_version": nccl_version,
                     "tensorflow": tf.__version__,
                 },
                 f,
@@ -141,7 +197,8 @@ class BuildOpLibrary(build_ext):
             )
 
 
-sources = sorted(glob.glob(os.path.join(CSRC, "engine", "*.cc")) + glob.glob(os.path.join(CSRC, "tensorflow", "*.cc")))
+source_dirs = ["engine", "tensorflow"] + (["nccl", os.path.join("tensorflow", "gpu")] if WITH_NCCL else [])
+sources = sorted(f for d in source_dirs for f in glob.glob(os.path.join(CSRC, d, "*.cc")))
 headers = sorted(glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True))
 
 setup(
@@ -164,7 +221,7 @@ setup(
     ],
     packages=find_packages(include=["kerasdist", "kerasdist.*"]),
     ext_modules=[Extension("kerasdist._kerasdist_ops", sources=sources, depends=headers, language="c++")],
-    cmdclass={"build_ext": BuildOpLibrary},
+    cmdclass={"build": BuildVariantApart, "build_ext": BuildOpLibrary},
     python_requires=">=3.10",
     install_requires=["tensorflow>=2.16", "keras>=3.10,<4", "mpi4py>=4", "numpy"],
     entry_points={"console_scripts": ["kerasdist-run = kerasdist.run:main"]},

@@ -12,6 +12,9 @@
 #include "tensorflow/core/framework/shape_inference.h"
 
 #include "../engine/engine.h"
+#ifdef KERASDIST_WITH_NCCL
+#include "gpu/gpu_inputs.h"
+#endif
 
 namespace kerasdist {
 namespace {
@@ -95,6 +98,9 @@ class CollectiveKernel : public AsyncOpKernel {
  public:
   CollectiveKernel(OpKernelConstruction* ctx, OpKind kind) : AsyncOpKernel(ctx), kind_(kind) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("blocking", &blocking_));
+#ifdef KERASDIST_WITH_NCCL
+    on_gpu_ = ctx->device_type() == ::tensorflow::DEVICE_GPU;
+#endif
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
@@ -112,6 +118,20 @@ class CollectiveKernel : public AsyncOpKernel {
       done();
       return;
     }
+    DeviceTensors device;
+#ifdef KERASDIST_WITH_NCCL
+    if (on_gpu_) {
+      request.device = Device::kGpu;
+      status = DescribeGpuInputs(ctx, &device);
+      if (!status.ok()) {
+        request.error = std::string(status.message());
+        Engine::Get().SubmitFailure(std::move(request));  // the other ranks fail this call too
+        ctx->SetStatus(status);
+        done();
+        return;
+      }
+    }
+#endif
     // An allreduce output may take over its input's memory when nothing else reads the input.
     AllocateFn allocate = [ctx, reuse_input = kind_ == OpKind::kAllreduce](int index, const Shape& shape,
                                                                            void** data) {
@@ -138,7 +158,8 @@ class CollectiveKernel : public AsyncOpKernel {
       done();
     };
     Status enqueued = Engine::Get().Enqueue(std::move(request), std::move(inputs), std::move(outputs),
-                                            std::move(allocate), std::move(alias), std::move(on_done));
+                                            std::move(allocate), std::move(alias), std::move(on_done),
+                                            std::move(device));
     if (!enqueued.ok()) {
       ctx->SetStatus(ToTf(enqueued));
       done();
@@ -173,6 +194,9 @@ class CollectiveKernel : public AsyncOpKernel {
  private:
   OpKind kind_;
   bool blocking_ = false;
+#ifdef KERASDIST_WITH_NCCL
+  bool on_gpu_ = false;
+#endif
 };
 
 // Inputs end with (..., prescale_factor, postscale_factor, tensor_name). The factors are
@@ -382,3 +406,29 @@ REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(::tensorflow::DEVICE_C
 REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(::tensorflow::DEVICE_CPU), kerasdist::BroadcastKernel);
 REGISTER_KERNEL_BUILDER(Name("KerasdistReducescatter").Device(::tensorflow::DEVICE_CPU), kerasdist::ReducescatterKernel);
 REGISTER_KERNEL_BUILDER(Name("KerasdistAlltoall").Device(::tensorflow::DEVICE_CPU), kerasdist::AlltoallKernel);
+
+#ifdef KERASDIST_WITH_NCCL
+// The same kernels on GPU tensors; names, scale factors and splits stay in host memory.
+REGISTER_KERNEL_BUILDER(Name("KerasdistAllreduce")
+                            .Device(::tensorflow::DEVICE_GPU)
+                            .HostMemory("prescale_factor")
+                            .HostMemory("postscale_factor")
+                            .HostMemory("tensor_name"),
+                        kerasdist::AllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(::tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+                        kerasdist::AllgatherKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(::tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+                        kerasdist::BroadcastKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistReducescatter")
+                            .Device(::tensorflow::DEVICE_GPU)
+                            .HostMemory("prescale_factor")
+                            .HostMemory("postscale_factor")
+                            .HostMemory("tensor_name"),
+                        kerasdist::ReducescatterKernel);
+REGISTER_KERNEL_BUILDER(Name("KerasdistAlltoall")
+                            .Device(::tensorflow::DEVICE_GPU)
+                            .HostMemory("splits")
+                            .HostMemory("tensor_name")
+                            .HostMemory("received_splits"),
+                        kerasdist::AlltoallKernel);
+#endif

@@ -1,0 +1,52 @@
+#include "gpu_inputs.h"
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "xla/stream_executor/stream.h"
+#include "xla/stream_executor/stream_executor.h"
+
+#include "../../engine/engine.h"
+#include "../../nccl/nccl_executor.h"
+
+namespace kerasdist {
+namespace {
+
+absl::Status CudaError(cudaError_t result, const char* what) {
+  return absl::InternalError(std::string("kerasdist: ") + what + " failed in CUDA: " + cudaGetErrorString(result));
+}
+
+const bool kDeviceHooksRegistered = [] {
+  Engine::Get().SetDeviceHooks(NcclDeviceHooks());
+  return true;
+}();
+
+}  // namespace
+
+absl::Status DescribeGpuInputs(::tensorflow::OpKernelContext* ctx, DeviceTensors* device) {
+  ::stream_executor::Stream* stream = ctx->op_device_context() ? ctx->op_device_context()->stream() : nullptr;
+  if (!stream) return absl::InternalError("kerasdist: a GPU kernel ran without a TensorFlow stream");
+  // The stream executor's ordinal is the CUDA device's (TensorFlow's own GPU ids may be remapped).
+  device->ordinal = stream->parent()->device_ordinal();
+  auto tf_stream = static_cast<cudaStream_t>(stream->platform_specific_handle().stream);
+  cudaError_t result = cudaSetDevice(device->ordinal);  // events belong to the current device
+  if (result != cudaSuccess) return CudaError(result, "selecting the op's GPU");
+  cudaEvent_t event = nullptr;
+  result = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (result != cudaSuccess) return CudaError(result, "creating an event");
+  // Destroyed with the collective, whether or not it ever ran.
+  std::shared_ptr<CUevent_st> inputs_written(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  result = cudaEventRecord(event, tf_stream);
+  if (result != cudaSuccess) return CudaError(result, "recording an event on TensorFlow's stream");
+  device->wait_for_inputs = [inputs_written](void* engine_stream) {
+    cudaError_t waited = cudaStreamWaitEvent(static_cast<cudaStream_t>(engine_stream), inputs_written.get(), 0);
+    if (waited == cudaSuccess) return Status::OK();
+    return Status::Internal(std::string("kerasdist: waiting for TensorFlow's stream failed in CUDA: ") +
+                            cudaGetErrorString(waited));
+  };
+  return absl::OkStatus();
+}
+
+}  // namespace kerasdist
