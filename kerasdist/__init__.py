@@ -22,6 +22,7 @@ _EXPORTS = {
             "local_size",
             "mpi_built",
             "nccl_built",
+            "pin_gpu",
             "planned_size",
             "rank",
             "shutdown",

@@ -9,6 +9,7 @@ import atexit
 import ctypes
 import dataclasses
 import glob
+import json
 import os
 import sys
 import threading
@@ -374,6 +375,65 @@ def mpi_built():
     return True
 
 
+def _build_info():
+    """What setup.py recorded beside the op library (build_info.json); {} where it is missing."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build_info.json")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+
+
 def nccl_built():
-    """False in this build: the NCCL backend is not compiled."""
-    return False
+    """True when the op library has GPU kernels and the NCCL backend (built with ``KERASDIST_WITH_NCCL=1``).
+
+    It says what was compiled, not that this machine has a GPU.
+
+    Example:
+
+    ```python
+    import kerasdist
+    print(isinstance(kerasdist.nccl_built(), bool))  # True
+    ```
+    """
+    return bool(_build_info().get("nccl", False))
+
+
+def pin_gpu():
+    """Makes this process see one GPU, the one of its local rank, with memory growth on.
+
+    Call it first, before TensorFlow uses a GPU: each process then trains on its own GPU and
+    kerasdist's collectives of GPU tensors run over NCCL (with an NCCL build). Returns the
+    GPU (a ``tf.config.PhysicalDevice``), or None on a machine without GPUs, where it changes
+    nothing. Raises RuntimeError when a host runs more processes than it has GPUs.
+
+    Example:
+
+    ```python
+    import kerasdist
+    gpu = kerasdist.pin_gpu()  # None without GPUs
+    print(gpu is None or gpu.device_type == "GPU")  # True
+    ```
+    """
+    import tensorflow as tf
+
+    init()  # local_rank comes from MPI
+    return _pin_gpu(tf.config, local_rank(), local_size())
+
+
+def _pin_gpu(config, local_rank, local_size):
+    """pin_gpu on a ``tf.config``-like object, so the choice is testable without GPUs."""
+    gpus = config.list_physical_devices("GPU")
+    if not gpus:
+        return None
+    if local_rank >= len(gpus):
+        raise RuntimeError(
+            f"kerasdist: local rank {local_rank} has no GPU of its own: this host has {len(gpus)} GPU(s) "
+            f"for {local_size} processes; start at most {len(gpus)} processes per host"
+        )
+    gpu = gpus[local_rank]
+    config.set_visible_devices([gpu], "GPU")
+    # Without it TensorFlow takes nearly all of the GPU's memory, leaving NCCL's buffers none.
+    config.experimental.set_memory_growth(gpu, True)
+    return gpu

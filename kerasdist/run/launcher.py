@@ -279,7 +279,8 @@ def check_build(environ, run_version=mpi.run_version_query):
             f"mpiexec {build_info.get('mpiexec') or 'not found at build time'}"
         )
         print(f"MPI link flags: {shlex.join(build_info.get('mpi_link_flags', []))}")
-        print(f"NCCL:           {'yes' if build_info.get('nccl') else 'no'}")
+        nccl = f"yes (NCCL {build_info.get('nccl_version', '?')}; GPU kernels)" if build_info.get("nccl") else "no"
+        print(f"NCCL:           {nccl}")
     try:
         mpiexec, source = mpi.find_mpiexec(environ, build_info and build_info.get("mpiexec"))
         flavour = mpi.choose_flavour(mpiexec, environ, run_version)
