@@ -10,6 +10,7 @@ agree: allreduce with every op and dtype, scaled, grouped (fused into the device
 one tensor larger than the fusion threshold (reduced alone), allgather and alltoall with
 uneven rows, broadcast from every root, reducescatter with a remainder. Integer results must be
 equal; floating-point ones may differ by the order of the additions (NCCL's ring, MPI's tree).
+(int32 tensors run over MPI on both sides: TensorFlow keeps them in host memory on a GPU.)
 Then a tensor on the GPU on rank 0 and on the CPU elsewhere must fail on every rank with an
 error naming the device, instead of hanging.
 

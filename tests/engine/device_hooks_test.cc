@@ -43,7 +43,7 @@ class HostStandInExecutor : public kd::DeviceExecutor {
   void Run(const std::vector<std::pair<kd::Collective*, const kd::Response*>>& ready) override {
     for (auto& [c, r] : ready) {
       g_ran_on_device.push_back(c->request.name);
-      if (c->device.wait_for_inputs) c->Fail(c->device.wait_for_inputs(&g_stream));
+      if (c->device.wait_for_framework) c->Fail(c->device.wait_for_framework(&g_stream));
       void* out = nullptr;
       const kd::TensorSpec& spec = c->request.tensors[0];
       c->Fail(c->allocate(0, spec.shape, &out));
@@ -94,7 +94,7 @@ void Enqueue(Call* call, const std::string& name, kd::Device device) {
   kd::DeviceTensors tensors;
   if (device == kd::Device::kGpu) {
     tensors.ordinal = g_rank;
-    tensors.wait_for_inputs = [call](void* stream) {
+    tensors.wait_for_framework = [call](void* stream) {
       call->waited_for_inputs = stream == &g_stream;
       return kd::Status::OK();
     };

@@ -9,12 +9,14 @@
 
 namespace kerasdist {
 
-// Where a collective's device tensors are and when the inputs are ready to read.
+// Where a collective's device tensors are, and how to order work after the front end's own.
 struct DeviceTensors {
   int ordinal = -1;  // the CUDA device holding inputs and outputs
-  // Makes `stream` (a cudaStream_t on that device) wait until the producer of the inputs has
-  // written them, without blocking the calling thread.
-  std::function<Status(void* stream)> wait_for_inputs;
+  // Makes `stream` (a cudaStream_t on that device) wait, without blocking the calling thread,
+  // for everything the front end has enqueued on its stream so far: the producers of the inputs,
+  // and the last users of memory it has just handed out for an output (its allocator reuses
+  // memory in its stream's order). Call it before reading inputs and after each allocation.
+  std::function<Status(void* stream)> wait_for_framework;
 };
 
 struct Collective {

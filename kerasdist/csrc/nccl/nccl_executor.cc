@@ -87,9 +87,7 @@ class NcclExecutor : public DeviceExecutor {
 
   void Run(const std::vector<std::pair<Collective*, const Response*>>& ready) override {
     // The engine's stream waits for each producer on the device; this thread does not block.
-    for (auto& [c, r] : ready) {
-      if (c->device.wait_for_inputs) c->Fail(c->device.wait_for_inputs(stream_));
-    }
+    for (auto& [c, r] : ready) WaitForFramework(c);
     std::vector<Collective*> allreduces;
     for (auto& [c, r] : ready) {
       if (c->request.kind == OpKind::kAllreduce) allreduces.push_back(c);
@@ -157,8 +155,7 @@ class NcclExecutor : public DeviceExecutor {
     auto [c, t] = item;
     const TensorSpec& spec = c->request.tensors[t];
     void* out = nullptr;
-    const Status allocated = c->allocate(t, spec.shape, &out);
-    if (!allocated.ok()) out = StandIn(Bytes(spec), c->request.name);
+    const Status allocated = AllocateOutput(c, t, spec.shape, Bytes(spec), &out);
     auto start = Clock::now();
     Status s = backend_->Allreduce(c->inputs[t], out, NumElements(spec.shape), spec.dtype, c->request.reduce_op,
                                    ScaleOf(item), c->request.name);
@@ -192,6 +189,7 @@ class NcclExecutor : public DeviceExecutor {
       void* out = nullptr;
       Status s = c->allocate(t, spec.shape, &out);
       if (s.ok()) {
+        WaitForFramework(c);
         s = CudaStatus(cudaMemcpyAsync(out, buffer + offsets[i], Bytes(spec), cudaMemcpyDeviceToDevice, stream_),
                        "copying out of the fusion buffer", c->request.name);
       }
@@ -219,8 +217,8 @@ class NcclExecutor : public DeviceExecutor {
           counts[i] = r.rank_rows[i] * row;
         }
         void* out = nullptr;
-        const Status allocated = c->allocate(0, out_shape, &out);
-        if (!allocated.ok()) out = StandIn(NumElements(out_shape) * DataTypeSize(spec.dtype), name);
+        const Status allocated =
+            AllocateOutput(c, 0, out_shape, NumElements(out_shape) * DataTypeSize(spec.dtype), &out);
         const Status s = backend_->Allgather(c->inputs[0], out, counts, spec.dtype, name);
         return allocated.ok() ? s : allocated;
       }
@@ -252,11 +250,13 @@ class NcclExecutor : public DeviceExecutor {
         }
         void* out = nullptr;
         void* splits_out = nullptr;  // host memory: the kernel registers that output so
-        Status allocated = c->allocate(0, out_shape, &out);
-        if (allocated.ok()) allocated = c->allocate(1, Shape{size_}, &splits_out);
-        if (!allocated.ok()) {
-          out = StandIn(NumElements(out_shape) * DataTypeSize(spec.dtype), name);
+        Status allocated = c->allocate(1, Shape{size_}, &splits_out);
+        if (allocated.ok()) {
+          allocated = AllocateOutput(c, 0, out_shape, NumElements(out_shape) * DataTypeSize(spec.dtype), &out);
         } else {
+          out = StandIn(NumElements(out_shape) * DataTypeSize(spec.dtype), name);
+        }
+        if (allocated.ok()) {
           for (int i = 0; i < size_; ++i) {
             static_cast<int32_t*>(splits_out)[i] = static_cast<int32_t>(r.alltoall_rows[i * size_ + rank_]);
           }
@@ -268,6 +268,23 @@ class NcclExecutor : public DeviceExecutor {
     }
     return Status::Internal("kerasdist: " + std::string(OpKindName(c->request.kind)) + " '" + name +
                             "' cannot run on a GPU");
+  }
+
+  // Orders this stream's next work after what TensorFlow has enqueued so far (see DeviceTensors).
+  void WaitForFramework(Collective* c) {
+    if (c->device.wait_for_framework) c->Fail(c->device.wait_for_framework(stream_));
+  }
+
+  // An output's memory, ordered after its previous users on TensorFlow's stream; device memory
+  // of this executor standing in for it when it cannot be allocated.
+  Status AllocateOutput(Collective* c, int index, const Shape& shape, size_t bytes, void** out) {
+    const Status allocated = c->allocate(index, shape, out);
+    if (allocated.ok()) {
+      WaitForFramework(c);
+    } else {
+      *out = StandIn(bytes, c->request.name);
+    }
+    return allocated;
   }
 
   // Device memory standing in for an output that could not be allocated: this rank still takes

@@ -120,16 +120,17 @@ class CollectiveKernel : public AsyncOpKernel {
     }
     DeviceTensors device;
 #ifdef KERASDIST_WITH_NCCL
-    if (on_gpu_) {
+    // TensorFlow keeps int32 tensors of a GPU kernel in host memory: those go over MPI.
+    if (on_gpu_ && InDeviceMemory(ctx, request.tensors.size(), &status)) {
       request.device = Device::kGpu;
       status = DescribeGpuInputs(ctx, &device);
-      if (!status.ok()) {
-        request.error = std::string(status.message());
-        Engine::Get().SubmitFailure(std::move(request));  // the other ranks fail this call too
-        ctx->SetStatus(status);
-        done();
-        return;
-      }
+    }
+    if (!status.ok()) {
+      request.error = std::string(status.message());
+      Engine::Get().SubmitFailure(std::move(request));  // the other ranks fail this call too
+      ctx->SetStatus(status);
+      done();
+      return;
     }
 #endif
     // An allreduce output may take over its input's memory when nothing else reads the input.
@@ -183,6 +184,21 @@ class CollectiveKernel : public AsyncOpKernel {
     inputs->push_back(DataOf(t));
     return absl::OkStatus();
   }
+
+#ifdef KERASDIST_WITH_NCCL
+  // True when the first `count` inputs are all in device memory, false when all are in host
+  // memory; a group that mixes the two is an error in `*status`.
+  static bool InDeviceMemory(OpKernelContext* ctx, size_t count, absl::Status* status) {
+    size_t on_host = 0;
+    for (size_t i = 0; i < count; ++i) on_host += ctx->input_memory_type(i) == ::tensorflow::HOST_MEMORY;
+    if (on_host > 0 && on_host < count) {
+      *status = absl::InvalidArgumentError(
+          "kerasdist: a group of GPU tensors mixes int32 ones, which TensorFlow keeps in host memory, with "
+          "tensors in device memory; reduce the int32 tensors in a group of their own");
+    }
+    return on_host == 0;
+  }
+#endif
 
   absl::Status OutputLikeInput(OpKernelContext* ctx, int index, std::vector<void*>* outputs) {
     Tensor* out = nullptr;

@@ -37,14 +37,15 @@ absl::Status DescribeGpuInputs(::tensorflow::OpKernelContext* ctx, DeviceTensors
   result = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
   if (result != cudaSuccess) return CudaError(result, "creating an event");
   // Destroyed with the collective, whether or not it ever ran.
-  std::shared_ptr<CUevent_st> inputs_written(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
-  result = cudaEventRecord(event, tf_stream);
-  if (result != cudaSuccess) return CudaError(result, "recording an event on TensorFlow's stream");
-  device->wait_for_inputs = [inputs_written](void* engine_stream) {
-    cudaError_t waited = cudaStreamWaitEvent(static_cast<cudaStream_t>(engine_stream), inputs_written.get(), 0);
-    if (waited == cudaSuccess) return Status::OK();
-    return Status::Internal(std::string("kerasdist: waiting for TensorFlow's stream failed in CUDA: ") +
-                            cudaGetErrorString(waited));
+  std::shared_ptr<CUevent_st> reached(event, [](cudaEvent_t e) { cudaEventDestroy(e); });
+  // Recorded when the engine calls, not here: by then TensorFlow's stream also holds the last
+  // users of any memory its allocator has since handed out for this op's outputs.
+  device->wait_for_framework = [reached, tf_stream](void* engine_stream) {
+    cudaError_t result = cudaEventRecord(reached.get(), tf_stream);
+    if (result == cudaSuccess) result = cudaStreamWaitEvent(static_cast<cudaStream_t>(engine_stream), reached.get(), 0);
+    if (result == cudaSuccess) return Status::OK();
+    return Status::Internal(std::string("kerasdist: ordering after TensorFlow's stream failed in CUDA: ") +
+                            cudaGetErrorString(result));
   };
   return absl::OkStatus();
 }

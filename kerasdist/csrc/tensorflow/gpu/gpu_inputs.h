@@ -7,9 +7,10 @@
 
 namespace kerasdist {
 
-// Fills `device` for a GPU kernel's tensors: their CUDA device, and a wait on an event that
-// is recorded now on TensorFlow's stream, after the work that produces the inputs, so the
-// engine reads them only once they are written.
+// Fills `device` for a GPU kernel's tensors: their CUDA device, and a wait on an event that is
+// recorded on TensorFlow's stream each time the engine calls it, so the engine reads inputs only
+// once their producers have written them, and writes outputs only once memory that TensorFlow's
+// allocator reused is no longer read by kernels queued before.
 absl::Status DescribeGpuInputs(::tensorflow::OpKernelContext* ctx, DeviceTensors* device);
 
 }  // namespace kerasdist
