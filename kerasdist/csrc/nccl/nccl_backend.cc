@@ -1,7 +1,5 @@
 #include "nccl_backend.h"
 
-#include <cstring>
-
 #include "../engine/half.h"
 
 namespace kerasdist {
@@ -62,8 +60,8 @@ Status CudaStatus(cudaError_t result, const char* what, const std::string& name)
                           cudaGetErrorString(result));
 }
 
-NcclBackend::NcclBackend(ncclComm_t comm, cudaStream_t stream, int rank, int size)
-    : comm_(comm), stream_(stream), rank_(rank), size_(size) {}
+NcclBackend::NcclBackend(ncclComm_t comm, cudaStream_t stream, int size)
+    : comm_(comm), stream_(stream), size_(size) {}
 
 std::string NcclBackend::UnsupportedScaling(ReduceOp op, double prescale, double postscale) {
   if (IsSumLike(op) || (prescale == 1.0 && postscale == 1.0)) return "";

@@ -14,8 +14,8 @@ namespace kerasdist {
 
 class NcclBackend : public Backend {
  public:
-  // `comm` and `stream` stay the caller's; `rank` and `size` are this rank's place in `comm`.
-  NcclBackend(ncclComm_t comm, cudaStream_t stream, int rank, int size);
+  // `comm` and `stream` stay the caller's; `size` is the number of ranks in `comm`.
+  NcclBackend(ncclComm_t comm, cudaStream_t stream, int size);
 
   // NCCL scales in its reduction (ncclAvg, or a pre-multiplied sum): no pass of the caller's.
   bool ScalesWhileCombining(DataType) const override { return true; }
@@ -43,7 +43,6 @@ class NcclBackend : public Backend {
 
   ncclComm_t comm_;
   cudaStream_t stream_;
-  int rank_;
   int size_;
 };
 

@@ -81,7 +81,7 @@ class NcclExecutor : public DeviceExecutor {
     }
     watchdog_->Disarm();
     if (!started.ok()) return started;
-    backend_ = std::make_unique<WatchedBackend>(std::make_unique<NcclBackend>(comm_, stream_, rank_, size_), watchdog_);
+    backend_ = std::make_unique<WatchedBackend>(std::make_unique<NcclBackend>(comm_, stream_, size_), watchdog_);
     return Status::OK();
   }
 
