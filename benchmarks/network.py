@@ -16,9 +16,10 @@ SIGTERM), and for each link (tc htb at --rate, then unshaped):
   training     examples/keras_synthetic_benchmark.py (model.fit, 64 images per rank, one TF math
                thread per rank) for each --models, one process against 2 hosts x 1 rank on each
                link, taking turns --rounds times, with wall and CPU time per step; also local
-               SGD (--average_models_every, default 4 and 16 steps) beside synchronous training. The 2-host
-               runs write a timeline: MPI time per step is the time some allreduce was in MPI
-               (union of the timeline's "allreduce" phases) over the steps run, beside the
+               SGD (--average_models_every, default 4 and 16 steps), fp16, one-step-delayed and
+               1-bit gradients beside synchronous training. The 2-host runs write a timeline:
+               MPI time per step is the time some allreduce or allgather was in MPI (union of
+               the timeline's "allreduce" and "allgather" phases) over the steps run, beside the
                collective requests negotiated per step.
 Every job goes through kerasdist-run with the cluster's launcher program and interface and
 UCX_TLS=tcp (between namespaces of one kernel UCX would otherwise use shared memory).
@@ -227,11 +228,12 @@ def read_timeline(path):
 
 
 def timeline_summary(timeline_path, steps):
-    """MPI time per step (union of the "allreduce" phases) and collective requests per step (a
-    request is one name negotiated: DistributedOptimizer sends one grouped request per gradient
-    bucket, each as soon as backprop has produced its gradients)."""
+    """MPI time per step (union of the "allreduce" and "allgather" phases: 1-bit gradients
+    travel as an allgather) and collective requests per step (a request is one name negotiated:
+    DistributedOptimizer sends one grouped request per gradient bucket, each as soon as backprop
+    has produced its gradients)."""
     events = [e for e in read_timeline(timeline_path) if e.get("ph") == "X"]
-    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "allreduce"]
+    intervals = [(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") in ("allreduce", "allgather")]
     return {
         "communication_ms_per_step": merged_seconds(intervals) / 1e3 / steps if intervals else None,
         "requests_per_step": sum(1 for e in events if e.get("name") == "queued") / steps,
@@ -294,6 +296,9 @@ TWO_HOST_RUNS = {
         )
         for n in ARGS.average_models_every
     },
+    "fp16 gradients": lambda cluster, model: train_two_hosts(cluster, model, extra_command=["--fp16_allreduce"]),
+    "delayed gradients": lambda cluster, model: train_two_hosts(cluster, model, extra_command=["--delay_gradients"]),
+    "1-bit gradients": lambda cluster, model: train_two_hosts(cluster, model, extra_command=["--one_bit_gradients"]),
     "no communication": train_two_hosts_apart,
 }
 
@@ -412,7 +417,7 @@ def print_overlap_table(runs, links):
     print("\n### Overlap: how much of the communication a step still waits for\n")
     print(
         "apart: both hosts training plain Keras at once, never communicating (the compute a step "
-        "needs here); MPI: union of the timeline's allreduce phases per step, buckets on; exposed: "
+        "needs here); MPI: union of the timeline's allreduce and allgather phases per step; exposed: "
         "step - apart; hidden share: 1 - exposed / MPI (target >= 0.5). Medians over rounds.\n"
     )
     print("| model | link | gradient buckets | apart | step | MPI | max(apart, MPI) | exposed | hidden share |")
