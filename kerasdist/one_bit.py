@@ -11,15 +11,18 @@ a ring) that is 64 times fewer bytes at 2 ranks, growing with the number of rank
 (size − 1) / 8 bytes per value received.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from kerasdist import ops, runtime
 
 # Eight 0/1 bytes read as one little-endian integer, times this, carry bit i of byte i into bit
 # 56 + i with no other term reaching bits 56-63: the top byte is the eight bits packed.
-_GATHER_BITS = tf.constant(0x0102040810204080, tf.uint64)
-# The eight signs (lowest bit first) that each byte value stands for.
-_SIGNS_OF_BYTE = tf.constant([[1.0 if (byte >> i) & 1 else -1.0 for i in range(8)] for byte in range(256)])
+_GATHER_BITS = 0x0102040810204080
+# The eight signs (lowest bit first) that each byte value stands for. NumPy, not a TensorFlow
+# constant: one made at import would start TensorFlow's runtime before kerasdist.init() sizes
+# its thread pools.
+_SIGNS_OF_BYTE = np.array([[1.0 if (byte >> i) & 1 else -1.0 for i in range(8)] for byte in range(256)], np.float32)
 _SCALE_BYTES = 4  # a float32
 
 
@@ -38,7 +41,8 @@ def quantize(corrected):
     sent = tf.reshape(tf.where(non_negative, scale, -scale), tf.shape(corrected))
     bits = tf.pad(tf.cast(non_negative, tf.uint8), [[0, (-tf.size(flat)) % 8]])
     words = tf.bitcast(tf.reshape(bits, [-1, 8]), tf.uint64)
-    packed = tf.cast(tf.bitwise.right_shift(words * _GATHER_BITS, tf.constant(56, tf.uint64)), tf.uint8)
+    packed = tf.bitwise.right_shift(words * tf.constant(_GATHER_BITS, tf.uint64), tf.constant(56, tf.uint64))
+    packed = tf.cast(packed, tf.uint8)
     return packed, scale, sent
 
 

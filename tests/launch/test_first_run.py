@@ -100,9 +100,11 @@ def test_demo_prints_no_warning_and_each_tensorflow_notice_once(tmp_path):
     job = run_job(argv, tmp_path, _user_env(), timeout=DEMO_TIMEOUT_S, script_name="keras_digits.py")
     assert job.returncode == 0 and not job.timed_out, job.describe()
     assert not re.findall(r"\w*Warning\b", job.output), job.describe()
-    for notice in ("All log messages before absl::InitializeLog", "oneDNN custom operations are on"):
-        assert job.output.count(notice) == 1, notice + job.describe()
-    assert job.output.count("cpu_feature_guard.cc") <= 1, job.describe()
+    assert job.output.count("All log messages before absl::InitializeLog") == 1, job.describe()
+    # Whether TensorFlow prints these depends on the CPU (oneDNN is on by default only on some);
+    # where it does, every rank prints them.
+    for notice in ("oneDNN custom operations are on", "cpu_feature_guard.cc"):
+        assert job.output.count(notice) <= 1, notice + job.describe()
     # What the example prints, from rank 0 alone.
     assert len(re.findall(r"^Epoch 2/2", job.output, re.MULTILINE)) == 1, job.describe()
     assert len(re.findall(r"^2 process\(es\): test accuracy", job.output, re.MULTILINE)) == 1, job.describe()
