@@ -5,8 +5,9 @@ How to run (as root; `make bench-net` runs it with the defaults, ~20 min):
   .venv/bin/python benchmarks/network.py
   .venv/bin/python benchmarks/network.py --rounds 1 --num_iters 3 --repeats 3   # quick look
 
-It makes a 2-host cluster with scripts/netns_cluster.sh (removed at the end, on Ctrl-C and on
-SIGTERM), and for each link (tc htb at --rate, then unshaped):
+It makes a 2-host cluster with scripts/netns_cluster.sh (through benchmarks/emulated_hosts.py;
+removed at the end, on Ctrl-C and on SIGTERM), and for each link (tc htb at --rate, then
+unshaped):
   link         the physical limit: one TCP stream between the hosts (Python sockets), median
                of 3; an allreduce of N bytes between 2 hosts sends and receives N bytes per
                host at best, so N / this rate is the fastest any allreduce can be.
@@ -33,19 +34,14 @@ import os
 import pathlib
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-CLUSTER_SCRIPT = REPO / "scripts" / "netns_cluster.sh"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from emulated_hosts import REPO, UNSHAPED, Cluster, interrupt, job_environment, measure_link, run  # noqa: E402
+
 EXAMPLE = REPO / "examples" / "keras_synthetic_benchmark.py"
 RANK_BENCH = REPO / "benchmarks" / "network_allreduce.py"
-UNSHAPED = "none"
-# One math thread per rank (a host here has one vCPU); two inter-op threads, as kerasdist.init()
-# gives a rank with one CPU: with one, no gradient bucket could leave during backprop.
-THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
 
 
 def parse_args():
@@ -84,105 +80,6 @@ def parse_args():
 
 
 ARGS = parse_args()
-
-
-class Cluster:
-    """A 2-host cluster of scripts/netns_cluster.sh, removed by down()."""
-
-    def __init__(self):
-        made = subprocess.run(
-            [str(CLUSTER_SCRIPT), "up", "--hosts", "2", "--owner", str(os.getpid())],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        if made.returncode != 0:
-            raise SystemExit(f"cannot make the test cluster: {made.stderr.strip()}")
-        directory = pathlib.Path(made.stdout.strip().splitlines()[-1])
-        self.env = dict(line.split("=", 1) for line in (directory / "env").read_text().splitlines())
-        self.hosts = self.env["NETNS_CLUSTER_HOSTS"].split(",")
-
-    def shape(self, rate):
-        subprocess.run(
-            [str(CLUSTER_SCRIPT), "shape", self.env["NETNS_CLUSTER_DIR"], rate],
-            check=True,
-            capture_output=True,
-            timeout=60,
-        )
-
-    def down(self):
-        subprocess.run([str(CLUSTER_SCRIPT), "down", self.env["NETNS_CLUSTER_DIR"]], capture_output=True, timeout=120)
-
-    def on_host(self, host, command, **kwargs):
-        return subprocess.Popen([self.env["NETNS_CLUSTER_LAUNCHER"], host, command], **kwargs)
-
-    def launch(self, command, extra_flags=(), env=None):
-        """Runs ``command`` as 2 ranks, one per host; returns its stdout (fails loudly)."""
-        argv = [
-            sys.executable,
-            "-m",
-            "kerasdist.run",
-            "-np",
-            "2",
-            "-H",
-            ",".join(f"{h}:1" for h in self.hosts),
-            "--launcher-exec",
-            self.env["NETNS_CLUSTER_LAUNCHER"],
-            "--network-interface",
-            self.env["NETNS_CLUSTER_IFACE"],
-            *extra_flags,
-            *command,
-        ]
-        return run(argv, {**job_environment(), "UCX_TLS": "tcp", **(env or {})})
-
-
-def job_environment():
-    env = {k: v for k, v in os.environ.items() if not k.startswith("KERASDIST_")}
-    env.update(THREADS, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(REPO))
-    return env
-
-
-def run(argv, env):
-    done = subprocess.run(
-        ["timeout", "--kill-after=10", str(ARGS.job_timeout_s), *map(str, argv)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        sys.stderr.write(
-            f"\nfailed ({done.returncode}): {' '.join(map(str, argv))}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n"
-        )
-        raise SystemExit(1)
-    return done.stdout
-
-
-# ---- the link itself --------------------------------------------------------------------------
-
-STREAM_RECEIVER = (
-    "import socket, time; s = socket.create_server(('', 5301)); c, _ = s.accept(); "
-    "b = bytearray(1 << 20); n = 0; t = time.perf_counter()\n"
-    "while (k := c.recv_into(b)): n += k\n"
-    "print(n * 8 / (time.perf_counter() - t) / 1e9)"
-)
-
-
-def tcp_stream_gbits(cluster, megabytes):
-    """One TCP stream from host 0 to host 1: Gbit/s as the receiver saw it."""
-    receiver = cluster.on_host(cluster.hosts[1], f'python3 -c "{STREAM_RECEIVER}"', stdout=subprocess.PIPE, text=True)
-    time.sleep(0.5)
-    sender = (
-        f"import socket; c = socket.create_connection(('{cluster.hosts[1]}', 5301)); d = bytes(1 << 20)\n"
-        f"for _ in range({megabytes}): c.sendall(d)\nc.close()"
-    )
-    cluster.on_host(cluster.hosts[0], f'python3 -c "{sender}"').wait(timeout=120)
-    return float(receiver.communicate(timeout=120)[0])
-
-
-def measure_link(cluster, rate):
-    megabytes = 64 if rate != UNSHAPED else 512
-    return statistics.median(tcp_stream_gbits(cluster, megabytes) for _ in range(3))
 
 
 # ---- allreduce --------------------------------------------------------------------------------
@@ -260,7 +157,9 @@ def result_line(output):
 def train_one_process(model):
     # One inter-op thread: a lone process has nothing to overlap, and with two it would spread
     # its ops over both of the machine's vCPUs, where an emulated host has one.
-    return result_line(run(example_command(model), {**job_environment(), "TF_NUM_INTEROP_THREADS": "1"}))
+    return result_line(
+        run(example_command(model), {**job_environment(), "TF_NUM_INTEROP_THREADS": "1"}, ARGS.job_timeout_s)
+    )
 
 
 def train_two_hosts(cluster, model, extra_flags=(), extra_command=()):
@@ -448,16 +347,12 @@ def print_overlap_table(runs, links):
                 )
 
 
-def _interrupt(signum, _frame):
-    raise KeyboardInterrupt(f"signal {signum}")  # so that the cluster is removed on SIGTERM too
-
-
 def main():
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = signal.signal(signal.SIGTERM, interrupt)  # the cluster goes on SIGTERM too
     started = datetime.datetime.now().isoformat(timespec="seconds")
     links = [(ARGS.rate.replace("gbit", " Gbit").replace("mbit", " Mbit"), ARGS.rate)]
     links += [] if "unshaped" in ARGS.skip else [("unshaped", UNSHAPED)]
-    cluster = Cluster()
+    cluster = Cluster(ARGS.job_timeout_s)
     results = {"date": started, "cpus": os.cpu_count(), "links": {}, "training": []}
     try:
         for label, rate in links:
