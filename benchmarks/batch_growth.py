@@ -246,6 +246,74 @@ def growth_decisions(growth):
     return out
 
 
+def compile_student(args, rate, passes):
+    """The student, compiled with SGD (momentum 0.9, constant ``rate``) in a
+    `kerasdist.DistributedOptimizer` accumulating ``passes`` micro-batches per update, with a
+    `kerasdist.GradientNoiseScale` (so B_noise is recorded whatever the configuration)."""
+    student = types.SimpleNamespace(dim=TASK["dim"], width=args.width, depth=args.depth)
+    model = build_student(student)
+    optimizer = kerasdist.DistributedOptimizer(
+        keras.optimizers.SGD(rate, momentum=0.9),
+        backward_passes_per_step=passes,
+        gradient_noise_scale=kerasdist.GradientNoiseScale(batch_size=args.micro_batch),
+    )
+    model.compile(optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
+    return model
+
+
+def growth_callback(config, seed, x, y, args):
+    """The `AdaptiveBatchGrowth` of a growth configuration ("noise_scale" or "curvature"), whose
+    curvature sample is drawn from (x, y)."""
+    curvature_data = None
+    if config == "curvature":
+        sample = np.random.default_rng(seed).choice(len(x), args.curvature_samples, replace=False)
+        curvature_data = (x[sample], y[sample])
+    return kerasdist.callbacks.AdaptiveBatchGrowth(
+        signal=config,
+        batch_size=args.micro_batch,
+        growth_factor=2,
+        max_batch_size=args.max_batch,
+        lr_scaling=args.lr_scaling,
+        max_epochs_without_growth=args.noise_safeguard if config == "noise_scale" else args.curvature_safeguard,
+        curvature_data=curvature_data,
+    )
+
+
+def fit_stream(model, x, y, seed, callbacks, args, steps_per_epoch):
+    """`fit` for --epochs epochs of ``steps_per_epoch`` micro-batches drawn from (x, y), which is
+    reshuffled on every pass."""
+    stream = (
+        tf.data.Dataset.from_tensor_slices((x, y))
+        .shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(args.micro_batch, drop_remainder=True)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    model.fit(
+        stream,
+        steps_per_epoch=steps_per_epoch,
+        epochs=args.epochs,
+        shuffle=False,
+        verbose=0,
+        callbacks=callbacks,
+    )
+
+
+def run_record(config, seed, base_rate, rate, recorder, growth, args):
+    """One run's report: its per-epoch rows and, for growth runs, the decisions."""
+    rows = recorder.rows
+    diverged = len(rows) < args.epochs or not all(math.isfinite(r["train_loss"]) for r in rows)
+    return {
+        "config": config,
+        "seed": seed,
+        "base_rate": base_rate,
+        "rate": rate,
+        "diverged": diverged,
+        "epochs": rows,
+        "decisions": growth_decisions(growth) if growth else None,
+    }
+
+
 def train(config, base_rate, seed, data, args):
     """One run; returns its per-epoch rows and, for growth runs, the decisions."""
     keras.utils.set_random_seed(seed)
@@ -259,56 +327,13 @@ def train(config, base_rate, seed, data, args):
                 args.lr_scaling
             ]
         )
-    student = types.SimpleNamespace(dim=TASK["dim"], width=args.width, depth=args.depth)
-    model = build_student(student)
-    optimizer = kerasdist.DistributedOptimizer(
-        keras.optimizers.SGD(rate, momentum=0.9),
-        backward_passes_per_step=passes,
-        gradient_noise_scale=kerasdist.GradientNoiseScale(batch_size=args.micro_batch),
-    )
-    model.compile(optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
-    growth = None
-    if config in ("noise_scale", "curvature"):
-        x, y = data["train"]
-        sample = np.random.default_rng(seed).choice(len(x), args.curvature_samples, replace=False)
-        growth = kerasdist.callbacks.AdaptiveBatchGrowth(
-            signal=config,
-            batch_size=args.micro_batch,
-            growth_factor=2,
-            max_batch_size=args.max_batch,
-            lr_scaling=args.lr_scaling,
-            max_epochs_without_growth=args.noise_safeguard if config == "noise_scale" else args.curvature_safeguard,
-            curvature_data=(x[sample], y[sample]) if config == "curvature" else None,
-        )
+    model = compile_student(args, rate, passes)
+    x, y = data["train"]
+    growth = growth_callback(config, seed, x, y, args) if config in ("noise_scale", "curvature") else None
     recorder = EpochRecorder(data, args.micro_batch)
     callbacks = kerasdist.callbacks(batch_growth=growth, extra=[keras.callbacks.TerminateOnNaN(), recorder])
-    x, y = data["train"]
-    stream = (
-        tf.data.Dataset.from_tensor_slices((x, y))
-        .shuffle(len(x), seed=seed, reshuffle_each_iteration=True)
-        .repeat()
-        .batch(args.micro_batch, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-    model.fit(
-        stream,
-        steps_per_epoch=args.epoch_rows // args.micro_batch,
-        epochs=args.epochs,
-        shuffle=False,
-        verbose=0,
-        callbacks=callbacks,
-    )
-    rows = recorder.rows
-    diverged = len(rows) < args.epochs or not all(math.isfinite(r["train_loss"]) for r in rows)
-    return {
-        "config": config,
-        "seed": seed,
-        "base_rate": base_rate,
-        "rate": rate,
-        "diverged": diverged,
-        "epochs": rows,
-        "decisions": growth_decisions(growth) if growth else None,
-    }
+    fit_stream(model, x, y, seed, callbacks, args, steps_per_epoch=args.epoch_rows // args.micro_batch)
+    return run_record(config, seed, base_rate, rate, recorder, growth, args)
 
 
 def reach(run, target):
