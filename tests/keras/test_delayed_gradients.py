@@ -13,21 +13,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from linear_task import BATCH, INITIAL_KERNEL, LR, MOMENTUM, STEPS_PER_EPOCH, assert_weights, compiled_model, fit, shard
 
 import kerasdist as kd
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()
-FEATURES, ROWS, BATCH, LR, MOMENTUM = 3, 8, 2, 0.05, 0.5
-STEPS_PER_EPOCH = ROWS // BATCH
-INITIAL_KERNEL = np.array([[0.2], [-0.1], [0.3]])
-
-
-def shard(rank):
-    rng = np.random.default_rng([rank, 29])
-    x = rng.normal(size=(ROWS, FEATURES))
-    y = x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3 + 0.1 * rng.normal(size=(ROWS, 1))
-    return x.astype("float32"), y.astype("float32")
 
 
 def global_batch(step):
@@ -55,25 +46,6 @@ def simulated_weights(steps, delayed=True):
         vw, vb = MOMENTUM * vw - LR * applied[0], MOMENTUM * vb - LR * applied[1]  # Keras SGD
         w, b = w + vw, b + vb
     return w, b
-
-
-def compiled_model(**optimizer_options):
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
-    model.set_weights([INITIAL_KERNEL.astype("float32"), np.zeros(1, "float32")])
-    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(LR, momentum=MOMENTUM), **optimizer_options)
-    model.compile(optimizer, loss="mse")
-    return model
-
-
-def fit(model, epochs):
-    x, y = shard(RANK)
-    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
-
-
-def assert_weights(model, expected):
-    kernel, bias = model.get_weights()
-    np.testing.assert_allclose(kernel, expected[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(bias, expected[1], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("compression", [kd.Compression.none, kd.Compression.bf16], ids=["float32", "bf16"])

@@ -11,15 +11,13 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from linear_task import BATCH, INITIAL_KERNEL, LR, MOMENTUM, STEPS_PER_EPOCH, assert_weights, compiled_model, fit, shard
 
 import kerasdist as kd
 from kerasdist import one_bit
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()
-FEATURES, ROWS, BATCH, LR, MOMENTUM = 3, 8, 2, 0.05, 0.5
-STEPS_PER_EPOCH = ROWS // BATCH
-INITIAL_KERNEL = np.array([[0.2], [-0.1], [0.3]])
 
 
 @pytest.mark.parametrize("count", [1, 7, 8, 13, 1000])
@@ -53,13 +51,6 @@ def test_residual_plus_sent_is_the_corrected_gradient():
         np.testing.assert_allclose(residual.numpy() + sent.numpy(), corrected, rtol=0, atol=1e-6)
 
 
-def shard(rank):
-    rng = np.random.default_rng([rank, 31])
-    x = rng.normal(size=(ROWS, FEATURES))
-    y = x @ np.array([[1.0], [-2.0], [0.5]]) + 0.3 + 0.1 * rng.normal(size=(ROWS, 1))
-    return x.astype("float32"), y.astype("float32")
-
-
 def simulated_weights(epochs):
     w, b = INITIAL_KERNEL.astype("float32"), np.zeros(1, "float32")
     vw, vb = np.zeros_like(w), np.zeros_like(b)
@@ -82,48 +73,27 @@ def simulated_weights(epochs):
     return w, b
 
 
-def compiled_model(**optimizer_options):
-    model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(1)])
-    model.set_weights([INITIAL_KERNEL.astype("float32"), np.zeros(1, "float32")])
-    optimizer = kd.DistributedOptimizer(
-        keras.optimizers.SGD(LR, momentum=MOMENTUM), one_bit_gradients=True, **optimizer_options
-    )
-    model.compile(optimizer, loss="mse")
-    return model
-
-
-def fit(model, epochs):
-    x, y = shard(RANK)
-    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
-
-
-def assert_weights(model, expected):
-    kernel, bias = model.get_weights()
-    np.testing.assert_allclose(kernel, expected[0], rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(bias, expected[1], rtol=1e-4, atol=1e-5)
-
-
 def test_training_matches_every_rank_quantising_with_error_feedback():
-    model = compiled_model()
+    model = compiled_model(one_bit_gradients=True)
     fit(model, epochs=3)
-    assert_weights(model, simulated_weights(3))
+    assert_weights(model, simulated_weights(3), rtol=1e-4, atol=1e-5)
 
 
 def test_resumed_from_a_checkpoint_the_residuals_come_back(tmp_path):
     path = os.path.join(str(tmp_path), f"one_bit_rank{RANK}.keras")
-    model = compiled_model()
+    model = compiled_model(one_bit_gradients=True)
     fit(model, epochs=1)
     model.save(path)
     resumed = keras.saving.load_model(path)
     assert resumed.optimizer.one_bit_gradients
     fit(resumed, epochs=2)
-    assert_weights(resumed, simulated_weights(3))
+    assert_weights(resumed, simulated_weights(3), rtol=1e-4, atol=1e-5)
 
 
 def test_the_wire_carries_one_bit_per_value_and_a_scale_per_tensor():
     if SIZE == 1:
         pytest.skip("nothing is sent in a world of one")
-    model = compiled_model()
+    model = compiled_model(one_bit_gradients=True)
     x, y = (tf.constant(a[:BATCH]) for a in shard(RANK))
 
     @tf.function
