@@ -95,6 +95,8 @@ LABELS = {
 # large_batch.py's task defaults; the split is generated in full, then the training rows are cut.
 TASK = dict(data_seed=1234, n_val=8192, n_test=16384, dim=32, teacher_widths=[32, 32], label_noise=0.05)
 TARGET_FRACTIONS = (0.95, 0.99)
+DIGITS_SPLIT, DIGITS_SPLIT_SEED = (1077, 360, 360), 0
+INPUT_DIMS = {"teacher": TASK["dim"], "digits": 64}
 
 
 def parse_args(argv=None):
@@ -132,6 +134,14 @@ def parse_args(argv=None):
     parser.add_argument("--width", type=int, default=256, help="student hidden width")
     parser.add_argument("--depth", type=int, default=3, help="student hidden layers")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument(
+        "--task",
+        choices=tuple(INPUT_DIMS),
+        default="teacher",
+        help="digits: scikit-learn's 8x8 digits, where the top eigenvalue falls by itself; overrides the "
+        "sizes: every epoch one pass over 1,077 rows, micro-batch 16, batch 32 to 512, fixed large 256, "
+        "30 epochs, rates 0.01 0.03 0.1, 512-row curvature sample",
+    )
     parser.add_argument("--threads", type=int, default=1, help="TensorFlow intra-op threads")
     parser.add_argument(
         "--quick",
@@ -146,6 +156,10 @@ def parse_args(argv=None):
         args.max_batch = args.large_batch = 256
         args.lr_grid, args.width, args.curvature_samples = [0.03], 64, 512
         args.noise_safeguard = args.curvature_safeguard = 1
+    if args.task == "digits":
+        args.pool = args.epoch_rows = DIGITS_SPLIT[0]
+        args.micro_batch, args.max_batch, args.large_batch, args.epochs = 16, 512, 256, 30
+        args.lr_grid, args.curvature_samples = [0.01, 0.03, 0.1], 512
     if "fixed_small" not in args.configs:
         parser.error("--configs must include fixed_small: it is tuned and defines the targets")
     if args.start_passes < 2:
@@ -153,13 +167,24 @@ def parse_args(argv=None):
     return args
 
 
-def load_task(args):
-    task = make_teacher_task(types.SimpleNamespace(**TASK, n_train=args.pool))
+def load_task(args, task="teacher"):
+    """{"train", "val", "test"}: (x, y) of the generated teacher task, or of scikit-learn's digits
+    (`task="digits"`: 1,797 images as 64 features in [0, 1], shuffled once by a fixed seed,
+    split 1,077 / 360 / 360)."""
+    if task == "digits":
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        order = np.random.default_rng(DIGITS_SPLIT_SEED).permutation(len(digits.target))
+        x, y = (digits.data[order] / 16.0).astype("float32"), digits.target[order].astype("int32")
+        cuts = np.cumsum(DIGITS_SPLIT[:2])
+        return dict(zip(("train", "val", "test"), zip(np.split(x, cuts), np.split(y, cuts))))
+    data = make_teacher_task(types.SimpleNamespace(**TASK, n_train=args.pool))
     quick_rows = 1024 if args.quick else None
     return {
-        "train": task["train"],
-        "val": tuple(a[:quick_rows] for a in task["val"]),
-        "test": tuple(a[:quick_rows] for a in task["test"]),
+        "train": data["train"],
+        "val": tuple(a[:quick_rows] for a in data["val"]),
+        "test": tuple(a[:quick_rows] for a in data["test"]),
     }
 
 
@@ -246,11 +271,11 @@ def growth_decisions(growth):
     return out
 
 
-def compile_student(args, rate, passes):
-    """The student, compiled with SGD (momentum 0.9, constant ``rate``) in a
+def compile_student(args, rate, passes, input_dim=TASK["dim"]):
+    """The student (on ``input_dim`` features), compiled with SGD (momentum 0.9, constant ``rate``) in a
     `kerasdist.DistributedOptimizer` accumulating ``passes`` micro-batches per update, with a
     `kerasdist.GradientNoiseScale` (so B_noise is recorded whatever the configuration)."""
-    student = types.SimpleNamespace(dim=TASK["dim"], width=args.width, depth=args.depth)
+    student = types.SimpleNamespace(dim=input_dim, width=args.width, depth=args.depth)
     model = build_student(student)
     optimizer = kerasdist.DistributedOptimizer(
         keras.optimizers.SGD(rate, momentum=0.9),
@@ -327,7 +352,7 @@ def train(config, base_rate, seed, data, args):
                 args.lr_scaling
             ]
         )
-    model = compile_student(args, rate, passes)
+    model = compile_student(args, rate, passes, INPUT_DIMS[args.task])
     x, y = data["train"]
     growth = growth_callback(config, seed, x, y, args) if config in ("noise_scale", "curvature") else None
     recorder = EpochRecorder(data, args.micro_batch)
@@ -490,7 +515,8 @@ def save_plot(results, targets, args, path):
         ax_signal.legend(handles=handles, fontsize=7, loc="best")
     seeds = len(next(iter(results.values()))["runs"])
     fig.suptitle(
-        f"Adaptive batch growth, teacher-student MLP, {args.pool}-row pool, {args.epochs} epochs of "
+        f"Adaptive batch growth, {'teacher-student' if args.task == 'teacher' else 'digits'} MLP, "
+        f"{args.pool}-row pool, {args.epochs} epochs of "
         f"{args.epoch_rows} rows, "
         f"micro-batch {args.micro_batch}, start batch {args.micro_batch * args.start_passes}, cap "
         f"{args.max_batch}, fixed large {args.large_batch}\nSGD momentum 0.9 at base rate "
@@ -526,7 +552,7 @@ def main(args):
         print(*parts, flush=True)
 
     start = time.perf_counter()
-    data = load_task(args)
+    data = load_task(args, args.task)
     say(
         f"task: {len(data['train'][0])}/{len(data['val'][0])}/{len(data['test'][0])} rows, {args.epoch_rows} per "
         f"epoch; micro-batch "
@@ -582,7 +608,7 @@ def main(args):
     plotted = save_plot(results, targets, args, png)
     out = {
         "config": vars(args),
-        "task": TASK,
+        "task": TASK if args.task == "teacher" else {"digits_split": DIGITS_SPLIT, "split_seed": DIGITS_SPLIT_SEED},
         "base_rate": base_rate,
         "baseline_final_test_acc": baseline_final,
         "targets": targets,

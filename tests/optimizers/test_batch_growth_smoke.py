@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -124,3 +125,26 @@ def test_quick_run_saves_the_plot_when_matplotlib_is_installed(quick_run):
     pytest.importorskip("matplotlib")
     _, _, out_dir = quick_run
     assert (out_dir / "batch_growth.png").stat().st_size > 0
+
+
+def test_the_digits_task_is_all_of_scikit_learns_digits_in_three_disjoint_splits():
+    from sklearn.datasets import load_digits
+
+    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+    import batch_growth
+
+    args = batch_growth.parse_args(["--task", "digits"])
+    data = batch_growth.load_task(args, "digits")
+    assert [len(data[s][0]) for s in ("train", "val", "test")] == [1077, 360, 360]
+    assert args.epoch_rows == args.pool == 1077
+    digits = load_digits()
+    pooled = np.concatenate([data[s][0] for s in ("train", "val", "test")])
+    labels = np.concatenate([data[s][1] for s in ("train", "val", "test")])
+
+    def as_rows(x, y):  # images with their labels, as a sorted multiset
+        return sorted(map(tuple, np.column_stack([x, y]).tolist()))
+
+    # every image once, scaled to [0, 1]
+    assert as_rows(pooled * 16.0, labels) == as_rows(digits.data, digits.target)
+    assert pooled.min() == 0.0 and pooled.max() == 1.0
+    assert set(np.unique(data["test"][1])) == set(range(10))
