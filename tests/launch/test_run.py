@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_job
 
+from kerasdist import knobs
 from kerasdist.run import launcher, mpi, output
 
 HYDRA_VERSION_TEXT = """HYDRA build details:
@@ -218,6 +219,34 @@ def test_mpiexec_recorded_at_build_comes_before_the_one_beside_python(fake_mpiex
     ],
 )
 def test_bad_argument_is_a_usage_error_naming_it(argv, names, capsys, fake_mpiexec):
+    err = _usage_error(argv, capsys, KERASDIST_MPIEXEC=fake_mpiexec)
+    assert names in err
+
+
+# Every engine flag but --timeline (any path will do) checks its text as kerasdist.init() would.
+CHECKED_KNOB_FLAGS = [knob.flag for knob in knobs.KNOBS if knob.parse is not knobs._text]
+
+
+@pytest.mark.parametrize("value", ["garbage", "-1", ""])
+@pytest.mark.parametrize("flag", CHECKED_KNOB_FLAGS)
+def test_every_engine_flag_refuses_garbage_naming_itself(flag, value, capsys, fake_mpiexec):
+    err = _usage_error(["-np", "2", flag, value, "python", "t.py"], capsys, KERASDIST_MPIEXEC=fake_mpiexec)
+    assert flag in err and repr(value) in err
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["-np", "2", "--restarts", "-1", "python", "t.py"], "--restarts"),
+        (["-np", "2", "--restarts", "twice", "python", "t.py"], "--restarts"),
+        (["-np", "2", "-H", "", "python", "t.py"], "-H"),
+        (["-np", "2", "-H", "a:two", "python", "t.py"], "-H"),
+        (["-np", "2", "-H", "a:1,,b:1", "python", "t.py"], "-H"),
+        (["-np", "2", "-H", "a:-1", "python", "t.py"], "-H"),
+        (["-np", "2.5", "python", "t.py"], "-np"),
+    ],
+)
+def test_bad_restarts_and_host_lists_are_usage_errors_naming_them(argv, names, capsys, fake_mpiexec):
     err = _usage_error(argv, capsys, KERASDIST_MPIEXEC=fake_mpiexec)
     assert names in err
 
