@@ -131,6 +131,34 @@ def test_a_step_averages_the_gradients_of_all_ranks(model_dir):
     np.testing.assert_allclose(got, reference(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_delayed_gradients_optimizer_from_model_fn_applies_each_step_the_gradient_before(model_dir):
+    def delayed_fn(features, labels, mode):
+        model = classifier()
+        logits = model(features, training=mode == ModeKeys.TRAIN)
+        if mode == ModeKeys.PREDICT:
+            return EstimatorSpec(mode, predictions={"logits": logits}, model=model)
+        optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), delay_gradients=True)
+        return EstimatorSpec(mode, loss=mean_cross_entropy(labels, logits), optimizer=optimizer, model=model)
+
+    x, y = examples(4 * SIZE, seed=3)
+    trained = estimator.Estimator(delayed_fn, model_dir=model_dir)
+    trained.train(rows_of_this_rank(x, y, rows_per_rank=4), steps=3)
+    got = np.stack([p["logits"] for p in trained.predict(batches(x, batch_size=8))])
+
+    # One process on the union: step t applies the gradient of step t - 1 (nothing at step 0).
+    reference = classifier()
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    held = None
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = mean_cross_entropy(y, reference(x))
+        gradients = tape.gradient(loss, reference.trainable_variables)
+        if held is not None:
+            optimizer.apply(held, reference.trainable_variables)
+        held = [tf.identity(g) for g in gradients]
+    np.testing.assert_allclose(got, reference(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_only_rank_0_touches_model_dir(shared_root):
     # Each rank names its own directory: any file outside rank 0's would show another rank wrote.
     own_dir = os.path.join(shared_root, "own-dirs", f"rank{RANK}")
