@@ -131,32 +131,66 @@ def test_a_step_averages_the_gradients_of_all_ranks(model_dir):
     np.testing.assert_allclose(got, reference(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_a_delayed_gradients_optimizer_from_model_fn_applies_each_step_the_gradient_before(model_dir):
-    def delayed_fn(features, labels, mode):
+def classifier_with_optimizer_fn(**optimizer_options):
+    """classifier_fn, but model_fn returns DistributedOptimizer(SGD, **optimizer_options) itself."""
+
+    def model_fn(features, labels, mode):
         model = classifier()
         logits = model(features, training=mode == ModeKeys.TRAIN)
         if mode == ModeKeys.PREDICT:
             return EstimatorSpec(mode, predictions={"logits": logits}, model=model)
-        optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), delay_gradients=True)
+        optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9), **optimizer_options)
         return EstimatorSpec(mode, loss=mean_cross_entropy(labels, logits), optimizer=optimizer, model=model)
 
+    return model_fn
+
+
+def gradients_of(model, x, y):
+    with tf.GradientTape() as tape:
+        loss = mean_cross_entropy(y, model(x))
+    return [tf.identity(g) for g in tape.gradient(loss, model.trainable_variables)]
+
+
+def trained_logits(options, x, y, model_dir, steps):
+    trained = estimator.Estimator(classifier_with_optimizer_fn(**options), model_dir=model_dir)
+    trained.train(rows_of_this_rank(x, y, rows_per_rank=4), steps=steps)
+    return np.stack([p["logits"] for p in trained.predict(batches(x, batch_size=8))])
+
+
+def test_a_delayed_gradients_optimizer_from_model_fn_applies_each_step_the_gradient_before(model_dir):
     x, y = examples(4 * SIZE, seed=3)
-    trained = estimator.Estimator(delayed_fn, model_dir=model_dir)
-    trained.train(rows_of_this_rank(x, y, rows_per_rank=4), steps=3)
-    got = np.stack([p["logits"] for p in trained.predict(batches(x, batch_size=8))])
+    got = trained_logits({"delay_gradients": True}, x, y, model_dir, steps=3)
 
     # One process on the union: step t applies the gradient of step t - 1 (nothing at step 0).
-    reference = classifier()
-    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
-    held = None
+    reference, optimizer, held = classifier(), keras.optimizers.SGD(0.1, momentum=0.9), None
     for _ in range(3):
-        with tf.GradientTape() as tape:
-            loss = mean_cross_entropy(y, reference(x))
-        gradients = tape.gradient(loss, reference.trainable_variables)
+        gradients = gradients_of(reference, x, y)
         if held is not None:
             optimizer.apply(held, reference.trainable_variables)
-        held = [tf.identity(g) for g in gradients]
+        held = gradients
     np.testing.assert_allclose(got, reference(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_one_bit_optimizer_from_model_fn_sends_signs_with_error_feedback(model_dir):
+    x, y = examples(4 * SIZE, seed=4)
+    got = trained_logits({"one_bit_gradients": True}, x, y, model_dir, steps=3)
+
+    # Every rank simulated: each adds its residual to the gradient of its 4 rows, sends
+    # sign * mean(|corrected|) per tensor, keeps the rest; the update is the mean of what was sent.
+    reference, optimizer = classifier(), keras.optimizers.SGD(0.1, momentum=0.9)
+    reference(x)  # builds its variables, which the residuals follow
+    residuals = [[0.0] * len(reference.trainable_variables) for _ in range(SIZE)]
+    for _ in range(3):
+        sent = []
+        for rank in range(SIZE):
+            rows = slice(4 * rank, 4 * rank + 4)
+            corrected = [g.numpy() + e for g, e in zip(gradients_of(reference, x[rows], y[rows]), residuals[rank])]
+            quantized = [np.where(c >= 0, 1.0, -1.0).astype("float32") * np.mean(np.abs(c)) for c in corrected]
+            residuals[rank] = [c - q for c, q in zip(corrected, quantized)]
+            sent.append(quantized)
+        mean_sent = [np.mean(tensors, axis=0, dtype="float32") for tensors in zip(*sent)]
+        optimizer.apply(mean_sent, reference.trainable_variables)
+    np.testing.assert_allclose(got, reference(x).numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_only_rank_0_touches_model_dir(shared_root):
