@@ -48,8 +48,9 @@ end whose test accuracy reaches 95 % and 99 % of the baseline's final test accur
 over seeds; epoch resolution, as in the one-process experiment), updates and seconds over all
 epochs, job seconds, final batch, final test accuracy; and seconds per epoch at each batch.
 
-Time: a baseline job takes about 75 s and a growth job about 45 s on this 2-vCPU machine when it
-is quiet, so the 6 jobs take ~8 min and the whole run ~10-12 min with start-up; --quick ~40 s.
+Time: measured 2026-12-02 on this 2-vCPU machine, idle: a baseline job 64-70 s, a growth job
+50-52 s, the whole run (6 jobs) 6 min; under another experiment's load about twice that. --quick
+about 45 s. Table and reading in docs/experiments.md.
 """
 
 import argparse
