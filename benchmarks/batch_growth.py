@@ -442,7 +442,8 @@ def results_table(results, targets, n_seeds):
     return "\n".join(lines)
 
 
-def decisions_table(results):
+def decisions_table(results, labels=LABELS):
+    """Each growth run's batch per epoch, marked where it grew and why, and its signal per epoch."""
     lines = [
         "| configuration | seed | batch per epoch (* = grew after it: s signal, f forced) | signal per epoch |",
         "|---|---:|---|---|",
@@ -455,7 +456,7 @@ def decisions_table(results):
                 f"{d['batch_size']}{'*' + d['reason'][0] if d['grew'] else ''}" for d in run["decisions"]
             )
             signals = " ".join(f"{d['signal']:.3g}" for d in run["decisions"])
-            lines.append(f"| {LABELS[config]} | {run['seed']} | {batches} | {signals} |")
+            lines.append(f"| {labels[config]} | {run['seed']} | {batches} | {signals} |")
     return "\n".join(lines)
 
 

@@ -266,15 +266,6 @@ def timing_table(rows):
     return "\n".join(lines)
 
 
-def decisions_table(results):
-    lines = ["| seed | global batch per epoch (* = grew after it) | B_noise at each epoch end |", "|---:|---|---|"]
-    for run in results.get("noise_scale", {}).get("runs", []):
-        batches = " ".join(f"{d['batch_size']}{'*' if d['grew'] else ''}" for d in run["decisions"])
-        signals = " ".join(f"{d['signal']:.3g}" for d in run["decisions"])
-        lines.append(f"| {run['seed']} | {batches} | {signals} |")
-    return "\n".join(lines)
-
-
 def main(args):
     def say(*parts):
         print(*parts, flush=True)
@@ -336,7 +327,7 @@ def main(args):
     say(timing_table(timing))
     if "noise_scale" in results:
         say("\nGrowth decisions:\n")
-        say(decisions_table(results))
+        say(batch_growth.decisions_table(results, LABELS))
     out = {
         "date": started,
         "config": {k: v for k, v in vars(args).items() if k not in ("rank_side", "config", "seed", "out")},
