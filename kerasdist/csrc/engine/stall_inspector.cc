@@ -16,6 +16,9 @@ constexpr int kTagStallReply = 18;
 // While the collective timeout is on, a waiting rank asks its peers this often whether they are
 // there, so that one gone is noticed within the timeout and this.
 constexpr double kAskEveryS = 5.0;
+constexpr int64_t kNoAnswer = -2;  // a peer's entry in peer_cycle_ before it replies
+// An idle engine answers within its 200 ms idle wake-up: a question older than this is unanswered.
+constexpr double kSilentAfterS = 1.0;
 
 }  // namespace
 
@@ -23,6 +26,7 @@ StallInspector::StallInspector(MPI_Comm comm, const EngineOptions& options) : co
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   unanswered_since_.assign(size_, Clock::time_point{});
+  peer_cycle_.assign(size_, kNoAnswer);
   // Every rank's host name, once, so that a message about a peer can say where it runs.
   char mine[MPI_MAX_PROCESSOR_NAME] = {};
   int length = 0;
@@ -42,6 +46,8 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
   double ask_every_s = options_.stall_warning_s > 0 ? options_.stall_warning_s / 2 : 0;
   if (options_.collective_timeout_s > 0) ask_every_s = ask_every_s > 0 ? std::min(ask_every_s, kAskEveryS) : kAskEveryS;
   auto next_ask = start + std::chrono::duration<double>(ask_every_s);
+  // Answers from an earlier wait describe an earlier negotiation.
+  peer_cycle_.assign(size_, kNoAnswer);
   in_negotiation_ = true;
   while (true) {
     int done = 0;
@@ -71,13 +77,13 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
     if (options_.stall_warning_s > 0 && now >= next_warning) {
       Log(2, "stall: waited %.0f s for %s to submit collectives; pending on this rank: %s. "
              "Every rank must run the same collectives.",
-          Seconds(now - start), MissingRanks().c_str(), pending_names().c_str());
+          Seconds(now - start), MissingRanks(now).c_str(), pending_names().c_str());
       next_warning = now + std::chrono::duration<double>(options_.stall_warning_s);
     }
     if (options_.stall_timeout_s > 0 && Seconds(now - start) > options_.stall_timeout_s) {
       return Status::DeadlineExceeded(
           "kerasdist: stalled for more than " + std::to_string(static_cast<int>(options_.stall_timeout_s)) +
-          " s (KERASDIST_STALL_TIMEOUT_S) waiting for " + MissingRanks() + "; pending on rank " +
+          " s (KERASDIST_STALL_TIMEOUT_S) waiting for " + MissingRanks(now) + "; pending on rank " +
           std::to_string(rank_) + ": " + pending_names());
     }
   }
@@ -102,7 +108,8 @@ void StallInspector::AnswerQueries() {
 }
 
 void StallInspector::AskWhoIsMissing(Clock::time_point now) {
-  peer_cycle_.assign(size_, -2);  // -2: no answer yet
+  // The last answers stay until new ones come: a warning right after a question must not take a
+  // peer that answered the previous one for silent.
   int64_t query = cycles_done_;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -134,12 +141,16 @@ std::string StallInspector::RankAndHost(int rank) const {
   return std::to_string(rank) + " (host " + hosts_[rank] + ")";
 }
 
-std::string StallInspector::MissingRanks() const {
+std::string StallInspector::MissingRanks(Clock::time_point now) const {
   std::string idle, silent;
-  for (int r = 0; r < static_cast<int>(peer_cycle_.size()); ++r) {
-    if (r == rank_ || peer_cycle_[r] == cycles_done_) continue;  // waiting in this same negotiation
-    std::string& list = peer_cycle_[r] == -2 ? silent : idle;
-    list += (list.empty() ? "" : ", ") + std::to_string(r);
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    const Clock::time_point asked = unanswered_since_[r];
+    if (asked != Clock::time_point{} && Seconds(now - asked) >= kSilentAfterS) {
+      silent += (silent.empty() ? "" : ", ") + RankAndHost(r);
+    } else if (peer_cycle_[r] != kNoAnswer && peer_cycle_[r] != cycles_done_) {
+      idle += (idle.empty() ? "" : ", ") + RankAndHost(r);
+    }  // otherwise it waits in this same negotiation, or has not answered yet
   }
   if (idle.empty() && silent.empty()) return "other ranks";
   std::string out;

@@ -33,7 +33,8 @@ class StallInspector {
 
  private:
   void AskWhoIsMissing(Clock::time_point now);
-  std::string MissingRanks() const;
+  // The ranks this one waits for, as its peers' last answers describe them.
+  std::string MissingRanks(Clock::time_point now) const;
   // Ends the job if a peer has left a question unanswered for the collective timeout.
   void CheckPeersAnswer(Clock::time_point now, double waited_s) const;
 
@@ -43,7 +44,7 @@ class StallInspector {
   const EngineOptions options_;
   int64_t cycles_done_ = 0;  // negotiations completed, equal on every rank
   bool in_negotiation_ = false;
-  std::vector<int64_t> peer_cycle_;  // last reply per rank: the cycle it waits in, or -1 if idle
+  std::vector<int64_t> peer_cycle_;  // last reply per rank in this wait: the cycle it waits in, -1 if idle
   std::vector<Clock::time_point> unanswered_since_;  // per rank: its oldest unanswered question, or {}
   std::vector<std::string> hosts_;                   // per rank, for messages
 };
