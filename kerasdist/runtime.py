@@ -225,7 +225,8 @@ def _abort_job_on_uncaught_exception(MPI):
 
     def abort(exc_type, exc, tb):
         previous(exc_type, exc, tb)
-        _abort_job(f"uncaught exception on rank {MPI.COMM_WORLD.Get_rank()}; aborting the job", 1)
+        where = f"rank {MPI.COMM_WORLD.Get_rank()} (host {MPI.Get_processor_name()})"
+        _abort_job(f"uncaught exception on {where}; aborting the job", 1)
 
     sys.excepthook = abort
 
