@@ -46,8 +46,6 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
   double ask_every_s = options_.stall_warning_s > 0 ? options_.stall_warning_s / 2 : 0;
   if (options_.collective_timeout_s > 0) ask_every_s = ask_every_s > 0 ? std::min(ask_every_s, kAskEveryS) : kAskEveryS;
   auto next_ask = start + std::chrono::duration<double>(ask_every_s);
-  // Answers from an earlier wait describe an earlier negotiation.
-  peer_cycle_.assign(size_, kNoAnswer);
   in_negotiation_ = true;
   while (true) {
     int done = 0;
@@ -108,8 +106,13 @@ void StallInspector::AnswerQueries() {
 }
 
 void StallInspector::AskWhoIsMissing(Clock::time_point now) {
-  // The last answers stay until new ones come: a warning right after a question must not take a
-  // peer that answered the previous one for silent.
+  // Answers from an earlier wait describe an earlier negotiation; within one wait the last answers
+  // stay until new ones come, so that a warning right after a question does not take a peer that
+  // answered the previous one for silent.
+  if (asked_in_cycle_ != cycles_done_) {
+    peer_cycle_.assign(size_, kNoAnswer);
+    asked_in_cycle_ = cycles_done_;
+  }
   int64_t query = cycles_done_;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
@@ -143,12 +146,13 @@ std::string StallInspector::RankAndHost(int rank) const {
 
 std::string StallInspector::MissingRanks(Clock::time_point now) const {
   std::string idle, silent;
+  const bool answers_are_current = asked_in_cycle_ == cycles_done_;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
     const Clock::time_point asked = unanswered_since_[r];
     if (asked != Clock::time_point{} && Seconds(now - asked) >= kSilentAfterS) {
       silent += (silent.empty() ? "" : ", ") + RankAndHost(r);
-    } else if (peer_cycle_[r] != kNoAnswer && peer_cycle_[r] != cycles_done_) {
+    } else if (answers_are_current && peer_cycle_[r] != kNoAnswer && peer_cycle_[r] != cycles_done_) {
       idle += (idle.empty() ? "" : ", ") + RankAndHost(r);
     }  // otherwise it waits in this same negotiation, or has not answered yet
   }

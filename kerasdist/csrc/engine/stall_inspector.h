@@ -44,7 +44,8 @@ class StallInspector {
   const EngineOptions options_;
   int64_t cycles_done_ = 0;  // negotiations completed, equal on every rank
   bool in_negotiation_ = false;
-  std::vector<int64_t> peer_cycle_;  // last reply per rank in this wait: the cycle it waits in, -1 if idle
+  int64_t asked_in_cycle_ = -1;      // the negotiation whose wait peer_cycle_ describes
+  std::vector<int64_t> peer_cycle_;  // last reply per rank in that wait: the cycle it waits in, -1 if idle
   std::vector<Clock::time_point> unanswered_since_;  // per rank: its oldest unanswered question, or {}
   std::vector<std::string> hosts_;                   // per rank, for messages
 };
