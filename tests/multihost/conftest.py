@@ -86,3 +86,9 @@ def clusters():
 def two_hosts(clusters):
     """Two emulated hosts with 2 slots each."""
     return clusters.get(hosts=2, slots=2)
+
+
+@pytest.fixture(scope="session")
+def one_host(clusters):
+    """One emulated host with 2 slots: a job started as on a cluster, its ranks all on one host."""
+    return clusters.get(hosts=1, slots=2)
