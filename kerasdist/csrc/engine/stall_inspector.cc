@@ -17,8 +17,9 @@ constexpr int kTagStallReply = 18;
 // there, so that one gone is noticed within the timeout and this.
 constexpr double kAskEveryS = 5.0;
 constexpr int64_t kNoAnswer = -2;  // a peer's entry in peer_cycle_ before it replies
-// An idle engine answers within its 200 ms idle wake-up: a question older than this is unanswered.
-constexpr double kSilentAfterS = 1.0;
+// An idle engine answers within its 200 ms idle wake-up, a busy machine's scheduler allowing: a
+// question older than this is unanswered.
+constexpr double kSilentAfterS = 2.0;
 
 }  // namespace
 
