@@ -74,6 +74,13 @@ def parse_args():
         help="overlap: the training runs with gradient buckets off and without communication; "
         "unshaped: the unshaped link",
     )
+    parser.add_argument(
+        "--configs",
+        nargs="*",
+        default=[],
+        help="train only these 2-host configurations, by their labels in the tables (e.g. kerasdist "
+        "'1-bit gradients' 'no communication'); default: all",
+    )
     parser.add_argument("--job_timeout_s", type=int, default=900)
     parser.add_argument("--json", default=str(REPO / "bench-results" / "network.json"))
     return parser.parse_args()
@@ -205,6 +212,10 @@ TWO_HOST_RUNS = {
 def bench_training(cluster, links):
     runs = []
     configurations = ["kerasdist"] if "overlap" in ARGS.skip else list(TWO_HOST_RUNS)
+    unknown = set(ARGS.configs) - set(TWO_HOST_RUNS)
+    if unknown:
+        raise SystemExit(f"--configs: no configuration {sorted(unknown)}; there are {list(TWO_HOST_RUNS)}")
+    configurations = [c for c in configurations if not ARGS.configs or c in ARGS.configs]
     for round_index in range(ARGS.rounds):
         for model in ARGS.models:
             single = train_one_process(model)
