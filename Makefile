@@ -101,12 +101,14 @@ bench: build
 
 # Emulated hosts (network namespaces; needs root): two on a 1 Gbit/s and on an unshaped link
 # (allreduce against raw MPI, fusion, compression, model.fit throughput), then negotiation cost
-# at 2-16 ranks on four, then fixed batch against noise-scale growth on two hosts at 1 Gbit/s;
-# ~45 min. Tables in docs/network.md and (growth) docs/experiments.md.
+# at 2-16 ranks on four, then fixed batch against noise-scale growth on two hosts at 1 Gbit/s,
+# then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging);
+# ~80 min. Tables in docs/network.md and (growth) docs/experiments.md.
 bench-net: build
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py
+	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py
 
 clean:
 	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built $(NCCL_VENV)/.built

@@ -199,7 +199,9 @@ class EpochRecorder(keras.callbacks.Callback):
     """Per epoch: accuracies, optimizer steps, training seconds, batch, rate and signals.
 
     Placed after `AdaptiveBatchGrowth`, so its end-of-epoch time includes the signal's cost;
-    its own evaluation is kept out of the clock.
+    its own evaluation is kept out of the clock. With an optimizer that accumulates nothing or
+    has no `GradientNoiseScale` (a plain Keras optimizer, or delayed or 1-bit gradients), the
+    batch is one micro-batch per update and the noise scale None.
     """
 
     def __init__(self, data, micro_batch):
@@ -214,13 +216,14 @@ class EpochRecorder(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         optimizer = self.model.optimizer
-        self._passes = optimizer.backward_passes_per_step
+        self._passes = getattr(optimizer, "backward_passes_per_step", 1)
         self._rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._start - self._untimed
         begin_eval = time.perf_counter()
         optimizer = self.model.optimizer
+        noise = getattr(optimizer, "gradient_noise_scale", None)
         logs = logs or {}
         self.rows.append(
             {
@@ -230,7 +233,7 @@ class EpochRecorder(keras.callbacks.Callback):
                 "batch_size": self.micro_batch * self._passes,
                 "learning_rate": self._rate,
                 "train_loss": float(logs.get("loss", math.nan)),
-                "noise_scale": optimizer.gradient_noise_scale.noise_scale(),
+                "noise_scale": noise.noise_scale() if noise is not None else None,
                 "hessian_top_eigenvalue": logs.get("hessian_top_eigenvalue"),
                 "val_acc": accuracy(self.model, *self.data["val"]),
                 "test_acc": accuracy(self.model, *self.data["test"]),
@@ -275,14 +278,25 @@ def compile_student(args, rate, passes, input_dim=TASK["dim"]):
     """The student (on ``input_dim`` features), compiled with SGD (momentum 0.9, constant ``rate``) in a
     `kerasdist.DistributedOptimizer` accumulating ``passes`` micro-batches per update, with a
     `kerasdist.GradientNoiseScale` (so B_noise is recorded whatever the configuration)."""
+
+    def make_optimizer():
+        return kerasdist.DistributedOptimizer(
+            keras.optimizers.SGD(rate, momentum=0.9),
+            backward_passes_per_step=passes,
+            gradient_noise_scale=kerasdist.GradientNoiseScale(batch_size=args.micro_batch),
+        )
+
+    return compile_with(args, make_optimizer, input_dim)
+
+
+def compile_with(args, make_optimizer, input_dim=TASK["dim"]):
+    """The student (--width, --depth, on ``input_dim`` features), built first, then compiled with
+    ``make_optimizer()`` and softmax cross-entropy, without XLA."""
     student = types.SimpleNamespace(dim=input_dim, width=args.width, depth=args.depth)
     model = build_student(student)
-    optimizer = kerasdist.DistributedOptimizer(
-        keras.optimizers.SGD(rate, momentum=0.9),
-        backward_passes_per_step=passes,
-        gradient_noise_scale=kerasdist.GradientNoiseScale(batch_size=args.micro_batch),
+    model.compile(
+        make_optimizer(), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False
     )
-    model.compile(optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=False)
     return model
 
 
