@@ -181,6 +181,23 @@ def train_on_rank(args):
 # ---- the driver -------------------------------------------------------------------------------
 
 
+def interleaved_jobs(cluster, configs, seeds, argv_for):
+    """Seed by seed, every configuration once, so that background load falls on all of them
+    alike: runs ``argv_for(config, seed, out)`` on ``cluster`` and yields (config, seed, the JSON
+    the rank side wrote to ``out``, {"job_seconds", "load_before", "load_after"}), the loads being
+    the machine's load averages (1, 5 and 15 minutes) at the job's start and end."""
+    with tempfile.TemporaryDirectory() as scratch:
+        for seed in range(seeds):
+            for config in configs:
+                out = pathlib.Path(scratch, f"{config}-{seed}.json")
+                load_before = os.getloadavg()
+                job_begin = time.perf_counter()
+                cluster.launch(argv_for(config, seed, out))
+                written = json.loads(out.read_text())
+                job = {"job_seconds": round(time.perf_counter() - job_begin, 1), "load_before": load_before}
+                yield config, seed, written, {**job, "load_after": os.getloadavg()}
+
+
 def epoch_timing(results):
     """Per configuration and global batch: the epochs trained at it, and the median seconds and
     updates of such an epoch. Apart: epoch 1 (the first trace of the train step and the initial
@@ -283,26 +300,18 @@ def main(args):
             f"global batch {2 * args.micro_batch} at the start, cap {args.max_batch}; {args.epochs} epochs of "
             f"{args.epoch_rows} rows; {args.seeds} seed(s); load {os.getloadavg()[0]:.1f}"
         )
-        with tempfile.TemporaryDirectory() as scratch:
-            for seed in range(args.seeds):
-                for config in args.configs:
-                    out = pathlib.Path(scratch, f"{config}-{seed}.json")
-                    load_before = os.getloadavg()[0]
-                    job_begin = time.perf_counter()
-                    cluster.launch(rank_argv(args, config, seed, out))
-                    run = json.loads(out.read_text())
-                    run["job_seconds"] = round(time.perf_counter() - job_begin, 1)
-                    run["load_before"], run["load_after"] = load_before, os.getloadavg()[0]
-                    results[config]["runs"].append(run)
-                    last = run["epochs"][-1]
-                    say(
-                        f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, final "
-                        f"batch {last['batch_size']}, training {last['seconds']:.1f} s (in fit "
-                        f"{run['fit_seconds']:.0f} s, before it {run['setup_seconds']:.0f} s), "
-                        f"job {run['job_seconds']:.0f} s "
-                        f"(load {load_before:.1f} -> {run['load_after']:.1f})"
-                        + (" DIVERGED" if run["diverged"] else "")
-                    )
+        jobs = interleaved_jobs(cluster, args.configs, args.seeds, lambda c, s, out: rank_argv(args, c, s, out))
+        for config, seed, run, job in jobs:
+            run.update(job, load_before=job["load_before"][0], load_after=job["load_after"][0])
+            results[config]["runs"].append(run)
+            last = run["epochs"][-1]
+            say(
+                f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, final "
+                f"batch {last['batch_size']}, training {last['seconds']:.1f} s (in fit "
+                f"{run['fit_seconds']:.0f} s, before it {run['setup_seconds']:.0f} s), "
+                f"job {run['job_seconds']:.0f} s "
+                f"(load {run['load_before']:.1f} -> {run['load_after']:.1f})" + (" DIVERGED" if run["diverged"] else "")
+            )
     finally:
         cluster.down()
         signal.signal(signal.SIGTERM, previous)

@@ -63,7 +63,6 @@ import pathlib
 import signal
 import statistics
 import sys
-import tempfile
 import time
 
 STARTED = time.perf_counter()  # before TensorFlow's import, which is much of a job's start-up
@@ -355,24 +354,19 @@ def main(args):
             f"global batch {2 * args.micro_batch}, rate {args.lr:g}; {args.epochs} epochs of {args.epoch_rows} rows; "
             f"{args.seeds} seed(s); load {' '.join(f'{v:.1f}' for v in os.getloadavg())}"
         )
-        with tempfile.TemporaryDirectory() as scratch:
-            for seed in range(args.seeds):
-                for config in args.configs:
-                    out = pathlib.Path(scratch, f"{config}-{seed}.json")
-                    load_before = os.getloadavg()
-                    job_begin = time.perf_counter()
-                    cluster.launch(rank_argv(args, [config], seed, out))
-                    (run,) = json.loads(out.read_text())
-                    run["job_seconds"] = round(time.perf_counter() - job_begin, 1)
-                    run["load_before"], run["load_after"] = load_before, os.getloadavg()
-                    results[config]["runs"].append(run)
-                    last = run["epochs"][-1]
-                    say(
-                        f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, "
-                        f"training {last['seconds']:.1f} s, sent {last['sent_bytes'] / 1e6:.1f} MB, job "
-                        f"{run['job_seconds']:.0f} s (load {load_before[0]:.1f} -> {run['load_after'][0]:.1f})"
-                        + (" DIVERGED" if run["diverged"] else "")
-                    )
+        jobs = batch_growth_cluster.interleaved_jobs(
+            cluster, args.configs, args.seeds, lambda c, s, out: rank_argv(args, [c], s, out)
+        )
+        for config, seed, (run,), job in jobs:
+            run.update(job)
+            results[config]["runs"].append(run)
+            last = run["epochs"][-1]
+            say(
+                f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, "
+                f"training {last['seconds']:.1f} s, sent {last['sent_bytes'] / 1e6:.1f} MB, job "
+                f"{run['job_seconds']:.0f} s (load {run['load_before'][0]:.1f} -> {run['load_after'][0]:.1f})"
+                + (" DIVERGED" if run["diverged"] else "")
+            )
     finally:
         cluster.down()
         signal.signal(signal.SIGTERM, previous)
