@@ -57,7 +57,6 @@ import argparse
 import json
 import os
 import pathlib
-import signal
 import statistics
 import sys
 import tempfile
@@ -66,7 +65,7 @@ import time
 STARTED = time.perf_counter()  # before TensorFlow's import, which is much of a job's start-up
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import batch_growth  # noqa: E402  (the task, the model, the recorder and the summaries)
-from emulated_hosts import REPO, Cluster, interrupt, measure_link  # noqa: E402
+from emulated_hosts import REPO, measure_link, two_hosts  # noqa: E402
 
 CONFIGS = ("fixed_small", "noise_scale")
 LABELS = {"fixed_small": "fixed batch 128 (baseline)", "noise_scale": "growth: noise scale"}
@@ -289,10 +288,8 @@ def main(args):
 
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     begin = time.perf_counter()
-    previous = signal.signal(signal.SIGTERM, interrupt)  # the cluster goes on SIGTERM too
-    cluster = Cluster(args.job_timeout_s)
     results = {config: {"label": LABELS[config], "runs": []} for config in args.configs}
-    try:
+    with two_hosts(args.job_timeout_s) as cluster:
         cluster.shape(args.link_rate)
         gbits = measure_link(cluster, args.link_rate)
         say(
@@ -312,9 +309,6 @@ def main(args):
                 f"job {run['job_seconds']:.0f} s "
                 f"(load {run['load_before']:.1f} -> {run['load_after']:.1f})" + (" DIVERGED" if run["diverged"] else "")
             )
-    finally:
-        cluster.down()
-        signal.signal(signal.SIGTERM, previous)
     wall = time.perf_counter() - begin
 
     baseline_final = statistics.median(r["epochs"][-1]["test_acc"] for r in results["fixed_small"]["runs"])

@@ -1,14 +1,17 @@
 """Two emulated hosts for the benchmarks: a cluster of scripts/netns_cluster.sh (needs root).
 
-Shared by benchmarks/network.py and benchmarks/batch_growth_cluster.py: the cluster, its link
+Shared by benchmarks/network.py, batch_growth_cluster.py and slow_links_cluster.py: the cluster
+(`two_hosts()` for the length of a run), its link
 shaping (tc htb in both directions of each host's link), a TCP stream measurement of the link,
 and jobs started across the hosts through kerasdist-run with the cluster's launcher program and
 interface and UCX_TLS=tcp (between namespaces of one kernel UCX would otherwise use shared
 memory), each under `timeout` so that a hang fails instead of waiting.
 """
 
+import contextlib
 import os
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -127,3 +130,18 @@ def measure_link(cluster, rate):
 def interrupt(signum, _frame):
     """A SIGTERM handler that raises KeyboardInterrupt, so that `finally` removes the cluster."""
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def two_hosts(job_timeout_s):
+    """A `Cluster` for the length of a `with` block, removed at its end, on Ctrl-C and on SIGTERM
+    (raised inside the block as KeyboardInterrupt)."""
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        cluster = Cluster(job_timeout_s)
+        try:
+            yield cluster
+        finally:
+            cluster.down()
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -32,13 +32,12 @@ import datetime
 import json
 import os
 import pathlib
-import signal
 import statistics
 import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from emulated_hosts import REPO, UNSHAPED, Cluster, interrupt, job_environment, measure_link, run  # noqa: E402
+from emulated_hosts import REPO, UNSHAPED, job_environment, measure_link, run, two_hosts  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "keras_synthetic_benchmark.py"
 RANK_BENCH = REPO / "benchmarks" / "network_allreduce.py"
@@ -359,13 +358,11 @@ def print_overlap_table(runs, links):
 
 
 def main():
-    previous = signal.signal(signal.SIGTERM, interrupt)  # the cluster goes on SIGTERM too
     started = datetime.datetime.now().isoformat(timespec="seconds")
     links = [(ARGS.rate.replace("gbit", " Gbit").replace("mbit", " Mbit"), ARGS.rate)]
     links += [] if "unshaped" in ARGS.skip else [("unshaped", UNSHAPED)]
-    cluster = Cluster(ARGS.job_timeout_s)
     results = {"date": started, "cpus": os.cpu_count(), "links": {}, "training": []}
-    try:
+    with two_hosts(ARGS.job_timeout_s) as cluster:
         for label, rate in links:
             cluster.shape(rate)
             gbits = measure_link(cluster, rate)
@@ -375,9 +372,6 @@ def main():
                 results["links"][label]["allreduce"] = bench_allreduce(cluster)
         if "training" not in ARGS.skip:
             results["training"] = bench_training(cluster, links)
-    finally:
-        cluster.down()
-        signal.signal(signal.SIGTERM, previous)
     results["load_average_at_end"] = os.getloadavg()
 
     print(f"\n## kerasdist over a network, {started}, 2 emulated hosts x 1 rank, {os.cpu_count()} CPUs")

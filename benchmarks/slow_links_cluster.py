@@ -60,7 +60,6 @@ import json
 import math
 import os
 import pathlib
-import signal
 import statistics
 import sys
 import time
@@ -69,7 +68,7 @@ STARTED = time.perf_counter()  # before TensorFlow's import, which is much of a 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import batch_growth  # noqa: E402  (the task, the model, fit_stream and the summaries)
 import batch_growth_cluster  # noqa: E402  (the recorder that keeps the evaluation off the clock)
-from emulated_hosts import REPO, Cluster, interrupt, measure_link  # noqa: E402
+from emulated_hosts import REPO, measure_link, two_hosts  # noqa: E402
 
 CONFIGS = ("synchronous", "fp16", "delayed", "one_bit", "average_4", "average_16")
 LABELS = {
@@ -343,10 +342,8 @@ def main(args):
 
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     begin = time.perf_counter()
-    previous = signal.signal(signal.SIGTERM, interrupt)  # the cluster goes on SIGTERM too
-    cluster = Cluster(args.job_timeout_s)
     results = {config: {"label": LABELS[config], "runs": []} for config in args.configs}
-    try:
+    with two_hosts(args.job_timeout_s) as cluster:
         cluster.shape(args.link_rate)
         gbits = measure_link(cluster, args.link_rate)
         say(
@@ -367,9 +364,6 @@ def main(args):
                 f"{run['job_seconds']:.0f} s (load {run['load_before'][0]:.1f} -> {run['load_after'][0]:.1f})"
                 + (" DIVERGED" if run["diverged"] else "")
             )
-    finally:
-        cluster.down()
-        signal.signal(signal.SIGTERM, previous)
     wall = time.perf_counter() - begin
     out = {
         "date": started,
