@@ -3,7 +3,8 @@
 # hostname, joined by a bridge, optionally shaped to a link rate. Needs root and iproute2.
 #
 #   scripts/netns_cluster.sh check                      can clusters be made here? (why not)
-#   scripts/netns_cluster.sh up [--hosts N] [--slots S] [--rate RATE] [--owner PID]
+#   scripts/netns_cluster.sh up [--hosts N] [--slots S] [--rate RATE] [--cpus-per-host K]
+#                               [--owner PID]
 #                                                       prints the cluster's directory
 #   scripts/netns_cluster.sh shape DIR RATE|none        change the link rate of every host
 #   scripts/netns_cluster.sh down DIR|ID                remove one cluster
@@ -26,6 +27,11 @@
 #              environment: the MPI launcher must carry the variables the ranks need.
 #   hostfile   one `host:slots` line per host (MPICH / Intel MPI format)
 # and each namespace sees /etc/netns/kd-ID-hI/hosts as its /etc/hosts (every host's name).
+#
+# --cpus-per-host K runs each host's commands on K CPUs of its own (taskset; host i takes the
+# next K of the CPUs this script may use, wrapping round when there are too few), so that one
+# host's busy threads cannot take another host's CPU, as on real hosts. Default 0: every host
+# shares all of them.
 #
 # MPI traffic between the hosts crosses the links only if the MPI library is told to use TCP:
 # between namespaces of one kernel, UCX otherwise picks shared memory. PyPI's MPICH: set
@@ -186,10 +192,28 @@ new_id() {
     done
 }
 
+# The CPUs this process may run on, one per line (Cpus_allowed_list: "0-3,6").
+allowed_cpus() {
+    local range
+    for range in $(sed -n 's/^Cpus_allowed_list:\s*//p' /proc/self/status | tr ',' ' '); do
+        seq "${range%-*}" "${range#*-}"
+    done
+}
+
+# CPUs of host `i` when each host has `per_host` (comma-separated), or nothing when 0.
+cpus_of_host() {
+    local i=$1 per_host=$2 j list=""
+    ((per_host > 0)) || return 0
+    local -a cpus
+    mapfile -t cpus < <(allowed_cpus)
+    for ((j = 0; j < per_host; j++)); do list+="${list:+,}${cpus[(i * per_host + j) % ${#cpus[@]}]}"; done
+    echo "$list"
+}
+
 write_launcher() {
-    local dir=$1 id=$2 hosts=$3 net=$4 i cases=""
+    local dir=$1 id=$2 hosts=$3 net=$4 cpus_per_host=$5 i cases=""
     for ((i = 0; i < hosts; i++)); do
-        cases+="    $(namespace_of "$id" "$i")|$net.$((i + 11))) ns=$(namespace_of "$id" "$i");;"$'\n'
+        cases+="    $(namespace_of "$id" "$i")|$net.$((i + 11))) ns=$(namespace_of "$id" "$i") cpus=$(cpus_of_host "$i" "$cpus_per_host");;"$'\n'
     done
     cat >"$dir/ssh" <<EOF
 #!/usr/bin/env bash
@@ -211,15 +235,15 @@ case \$host in
 $cases    *) echo "\$0: no host \$host in test cluster $id" >&2; exit 255;;
 esac
 # ip netns exec also mounts the namespace's own /sys (UCX reads its interfaces there) and
-# /etc/netns/\$ns/hosts as /etc/hosts.
+# /etc/netns/\$ns/hosts as /etc/hosts; taskset keeps the host on its own CPUs, if it has some.
 exec env -i PATH=$CLEAN_PATH HOME="\${HOME:-/root}" \\
-    nsenter --uts="$dir/uts/\$ns" -- ip netns exec "\$ns" /bin/sh -c "\$*"
+    \${cpus:+taskset -c "\$cpus"} nsenter --uts="$dir/uts/\$ns" -- ip netns exec "\$ns" /bin/sh -c "\$*"
 EOF
     chmod +x "$dir/ssh"
 }
 
 make_cluster() {
-    local hosts=$1 slots=$2 rate=$3 owner=$4 id dir net bridge i ns outer names="" hosts_slots=""
+    local hosts=$1 slots=$2 rate=$3 owner=$4 cpus_per_host=$5 id dir net bridge i ns outer names="" hosts_slots=""
     mkdir -p "$STATE_ROOT"
     id=$(new_id)
     dir=$STATE_ROOT/$id
@@ -269,7 +293,7 @@ make_cluster() {
     done
     tr ',' '\n' <<<"$hosts_slots" >"$dir/hostfile"
     echo "$hosts" >"$dir/host_count"
-    write_launcher "$dir" "$id" "$hosts" "$net"
+    write_launcher "$dir" "$id" "$hosts" "$net" "$cpus_per_host"
     cat >"$dir/env" <<EOF
 NETNS_CLUSTER_DIR=$dir
 NETNS_CLUSTER_ID=$id
@@ -281,20 +305,22 @@ NETNS_CLUSTER_HOSTFILE=$dir/hostfile
 NETNS_CLUSTER_SUBNET=$net.0/24
 NETNS_CLUSTER_HEAD_ADDRESS=$net.1
 NETNS_CLUSTER_RATE=
+NETNS_CLUSTER_CPUS_PER_HOST=$cpus_per_host
 EOF
     if [[ -n $rate ]]; then shape_cluster "$dir" "$rate"; fi
     rm "$dir/maker"
     CLUSTER_DIR=$dir
 }
 
-# Sets HOSTS SLOTS RATE OWNER from up's options; REST holds what follows `--`.
+# Sets HOSTS SLOTS RATE CPUS_PER_HOST OWNER from up's options; REST holds what follows `--`.
 parse_up_options() {
-    HOSTS=2 SLOTS=1 RATE="" OWNER="" REST=()
+    HOSTS=2 SLOTS=1 RATE="" CPUS_PER_HOST=0 OWNER="" REST=()
     while [[ $# -gt 0 ]]; do
         case $1 in
             --hosts) HOSTS=${2:?--hosts needs a number}; shift 2;;
             --slots) SLOTS=${2:?--slots needs a number}; shift 2;;
             --rate) RATE=${2:?--rate needs a tc rate, e.g. 1gbit}; shift 2;;
+            --cpus-per-host) CPUS_PER_HOST=${2:?--cpus-per-host needs a number}; shift 2;;
             --owner) OWNER=${2:?--owner needs a pid}; shift 2;;
             --) shift; REST=("$@"); return;;
             *) die "unknown option $1 (see $0 --help)";;
@@ -302,6 +328,7 @@ parse_up_options() {
     done
     [[ $HOSTS =~ ^[0-9]+$ ]] && ((HOSTS >= 1 && HOSTS <= MAX_HOSTS)) || die "--hosts must be 1..$MAX_HOSTS"
     [[ $SLOTS =~ ^[0-9]+$ ]] && ((SLOTS >= 1)) || die "--slots must be >= 1"
+    [[ $CPUS_PER_HOST =~ ^[0-9]+$ ]] || die "--cpus-per-host must be a number >= 0"
     [[ -z $OWNER || $OWNER =~ ^[0-9]+$ ]] || die "--owner must be a pid"
 }
 
@@ -312,7 +339,7 @@ make_checked_cluster() {
     reason=$(why_not_possible)
     [[ -z $reason ]] || die "$reason"
     reap_stale
-    make_cluster "$HOSTS" "$SLOTS" "$RATE" "$OWNER"
+    make_cluster "$HOSTS" "$SLOTS" "$RATE" "$OWNER" "$CPUS_PER_HOST"
 }
 
 up() {

@@ -28,10 +28,12 @@ class Cluster:
     env: dict
 
     @classmethod
-    def up(cls, hosts, slots, timeout, rate=None):
+    def up(cls, hosts, slots, timeout, rate=None, cpus_per_host=0):
         argv = [CLUSTER_SCRIPT, "up", "--hosts", str(hosts), "--slots", str(slots), "--owner", str(os.getpid())]
         if rate:
             argv += ["--rate", rate]
+        if cpus_per_host:
+            argv += ["--cpus-per-host", str(cpus_per_host)]
         made = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
         if made.returncode != 0:
             raise RuntimeError(f"{' '.join(argv)} failed ({made.returncode}):\n{made.stderr}")

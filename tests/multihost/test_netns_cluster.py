@@ -1,6 +1,7 @@
 """scripts/netns_cluster.sh: hosts that look separate, links that can be shaped, and nothing left
 behind after down, after SIGTERM / SIGINT, or after two clusters lived side by side."""
 
+import os
 import signal
 import subprocess
 import time
@@ -87,6 +88,41 @@ def test_a_shaped_link_is_no_faster_than_its_rate(tmp_path):
     finally:
         cluster.down()
     assert left_behind(cluster.env["NETNS_CLUSTER_ID"]) == []
+
+
+def allowed_cpus(status_text):
+    """The CPUs of a /proc/PID/status text's Cpus_allowed_list ("0-3,6")."""
+    (line,) = [line for line in status_text.splitlines() if line.startswith("Cpus_allowed_list:")]
+    cpus = []
+    for part in line.split(":")[1].strip().split(","):
+        first, _, last = part.partition("-")
+        cpus += range(int(first), int(last or first) + 1)
+    return cpus
+
+
+def test_each_host_runs_on_cpus_of_its_own():
+    """--cpus-per-host 1: host i on the i-th CPU this process may use, wrapping round past the
+    last; without it, every host may use them all."""
+    mine = sorted(os.sched_getaffinity(0))
+    pinned = Cluster.up(hosts=3, slots=1, timeout=SETUP_TIMEOUT_S, cpus_per_host=1)
+    shared = Cluster.up(hosts=2, slots=1, timeout=SETUP_TIMEOUT_S)
+    try:
+        for i, host in enumerate(pinned.hosts):
+            shell = pinned.on_host(host, "cat /proc/self/status")
+            assert shell.returncode == 0, shell.stderr
+            assert allowed_cpus(shell.stdout) == [mine[i % len(mine)]], host
+        for host in shared.hosts:
+            assert allowed_cpus(shared.on_host(host, "cat /proc/self/status").stdout) == mine
+    finally:
+        pinned.down()
+        shared.down()
+
+
+def test_a_bad_cpu_count_is_refused_by_name():
+    made = subprocess.run(
+        [CLUSTER_SCRIPT, "up", "--cpus-per-host", "one"], capture_output=True, text=True, timeout=SETUP_TIMEOUT_S
+    )
+    assert made.returncode != 0 and "--cpus-per-host must be a number" in made.stderr
 
 
 def test_two_clusters_at_once_do_not_collide_and_down_removes_everything():
