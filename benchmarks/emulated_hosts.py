@@ -20,8 +20,8 @@ import time
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "scripts" / "netns_cluster.sh"
 UNSHAPED = "none"
-# One math thread per rank (a host here has one vCPU); two inter-op threads, as kerasdist.init()
-# gives a rank with one CPU: with one, no gradient bucket could leave during backprop.
+# One math thread per rank (a host here has one CPU of its own); two inter-op threads, as
+# kerasdist.init() gives a rank with one CPU: with one, no gradient bucket could leave during backprop.
 THREADS = {"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"}
 
 
@@ -32,7 +32,9 @@ class Cluster:
     def __init__(self, job_timeout_s=900):
         self.job_timeout_s = job_timeout_s
         made = subprocess.run(
-            [str(CLUSTER_SCRIPT), "up", "--hosts", "2", "--owner", str(os.getpid())],
+            # A CPU each: a host's communication then costs its own compute, as on real hosts,
+            # and never the other host's.
+            [str(CLUSTER_SCRIPT), "up", "--hosts", "2", "--cpus-per-host", "1", "--owner", str(os.getpid())],
             capture_output=True,
             text=True,
             timeout=120,

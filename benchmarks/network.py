@@ -30,6 +30,7 @@ Results: printed tables, and --json (bench-results/network.json).
 import argparse
 import datetime
 import json
+import math
 import os
 import pathlib
 import statistics
@@ -161,10 +162,11 @@ def result_line(output):
 
 
 def train_one_process(model):
-    # One inter-op thread: a lone process has nothing to overlap, and with two it would spread
-    # its ops over both of the machine's vCPUs, where an emulated host has one.
+    # On one CPU, as an emulated host has, with one inter-op thread: a lone process has nothing
+    # to overlap.
+    one_cpu = ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
     return result_line(
-        run(example_command(model), {**job_environment(), "TF_NUM_INTEROP_THREADS": "1"}, ARGS.job_timeout_s)
+        run(one_cpu + example_command(model), {**job_environment(), "TF_NUM_INTEROP_THREADS": "1"}, ARGS.job_timeout_s)
     )
 
 
@@ -347,8 +349,8 @@ def print_overlap_table(runs, links):
 
             apart = step("no communication")
             for configuration in TWO_HOST_RUNS:
-                if configuration == "no communication":
-                    continue
+                if configuration == "no communication" or math.isnan(step(configuration)):
+                    continue  # not run (--configs)
                 on, comm = step(configuration), step(configuration, "communication_ms_per_step")
                 shown = "default (KERASDIST_BUCKET_BYTES)" if configuration == "kerasdist" else configuration
                 print(
