@@ -16,7 +16,9 @@ Sections (--only):
                once with the default fusion threshold and once with
                KERASDIST_FUSION_THRESHOLD=0 to compare fused and unfused.
   compression  kd.allreduce(op=Average) of float32 tensors of --compression_sizes_kib with
-               Compression.none, fp16 and bf16, against the raw float32 Sum.
+               Compression.none, fp16 and bf16, against the raw float32 Sum and against
+               raw16: the MPI calls alone of a 16-bit reduction of the same tensor (Alltoall,
+               then Allgather, of half the bytes), what compression can save at most.
 
 Timing: each case runs N times back to back (N calibrated to about --target_ms); time per op is
 the slowest rank's time / N; cases alternate within each of --repeats repeats and the median is
@@ -228,6 +230,20 @@ def bench_many():
     }
 
 
+def raw_halves(elems):
+    """Alltoall, then Allgather, of `elems` 16-bit values: the bytes a 16-bit reduction moves,
+    without the conversions and the sum."""
+    values = np.zeros(elems - elems % SIZE, np.uint16)
+    chunks = np.empty_like(values)
+
+    def run(iters):
+        for _ in range(iters):
+            COMM.Alltoall(values, chunks)
+            COMM.Allgather(chunks[: len(values) // SIZE], values)
+
+    return run
+
+
 def bench_compression():
     rows = []
     compressions = {"none": kd.Compression.none, "fp16": kd.Compression.fp16, "bf16": kd.Compression.bf16}
@@ -236,7 +252,7 @@ def bench_compression():
         elems = kib * KIB // 4
         buf = np.zeros(elems, np.float32)
         x = tf.zeros([elems], tf.float32)
-        cases = {"raw": raw_allreduce(buf, False)}
+        cases = {"raw": raw_allreduce(buf, False), "raw16": raw_halves(elems)}
         for name, compression in compressions.items():
             cases[name] = lambda n, x=x, c=compression: chained_compressed(x, tf.constant(n), c)
         results = compare(cases)

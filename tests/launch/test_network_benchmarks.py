@@ -48,7 +48,7 @@ def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_pat
     ]
     assert all(row["raw_s"] > 0 and row["ours_s"] > 0 for row in results["sizes"])
     assert set(results["many"]["seconds"]) == {"raw per tensor", "raw flat", "grouped"}
-    assert [sorted(row) for row in results["compression"]] == [["bf16", "bytes", "fp16", "none", "raw"]]
+    assert [sorted(row) for row in results["compression"]] == [["bf16", "bytes", "fp16", "none", "raw", "raw16"]]
 
 
 def test_negotiation_benchmark_reports_fast_and_slow_path_cycles(tmp_path):
