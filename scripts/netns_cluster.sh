@@ -200,20 +200,16 @@ allowed_cpus() {
     done
 }
 
-# CPUs of host `i` when each host has `per_host` (comma-separated), or nothing when 0.
-cpus_of_host() {
-    local i=$1 per_host=$2 j list=""
-    ((per_host > 0)) || return 0
+write_launcher() {
+    local dir=$1 id=$2 hosts=$3 net=$4 cpus_per_host=$5 i j host_cpus cases=""
     local -a cpus
     mapfile -t cpus < <(allowed_cpus)
-    for ((j = 0; j < per_host; j++)); do list+="${list:+,}${cpus[(i * per_host + j) % ${#cpus[@]}]}"; done
-    echo "$list"
-}
-
-write_launcher() {
-    local dir=$1 id=$2 hosts=$3 net=$4 cpus_per_host=$5 i cases=""
     for ((i = 0; i < hosts; i++)); do
-        cases+="    $(namespace_of "$id" "$i")|$net.$((i + 11))) ns=$(namespace_of "$id" "$i") cpus=$(cpus_of_host "$i" "$cpus_per_host");;"$'\n'
+        host_cpus=""  # host i's share, comma-separated; none when cpus_per_host is 0
+        for ((j = 0; j < cpus_per_host; j++)); do
+            host_cpus+="${host_cpus:+,}${cpus[(i * cpus_per_host + j) % ${#cpus[@]}]}"
+        done
+        cases+="    $(namespace_of "$id" "$i")|$net.$((i + 11))) ns=$(namespace_of "$id" "$i") cpus=$host_cpus;;"$'\n'
     done
     cat >"$dir/ssh" <<EOF
 #!/usr/bin/env bash

@@ -90,14 +90,11 @@ def test_a_shaped_link_is_no_faster_than_its_rate(tmp_path):
     assert left_behind(cluster.env["NETNS_CLUSTER_ID"]) == []
 
 
-def allowed_cpus(status_text):
-    """The CPUs of a /proc/PID/status text's Cpus_allowed_list ("0-3,6")."""
-    (line,) = [line for line in status_text.splitlines() if line.startswith("Cpus_allowed_list:")]
-    cpus = []
-    for part in line.split(":")[1].strip().split(","):
-        first, _, last = part.partition("-")
-        cpus += range(int(first), int(last or first) + 1)
-    return cpus
+def cpus_on(cluster, host):
+    """The CPUs a process started on `host` may run on."""
+    shell = cluster.on_host(host, 'python3 -c "import os; print(sorted(os.sched_getaffinity(0)))"')
+    assert shell.returncode == 0, shell.stderr
+    return shell.stdout.strip()
 
 
 def test_each_host_runs_on_cpus_of_its_own():
@@ -108,11 +105,9 @@ def test_each_host_runs_on_cpus_of_its_own():
     shared = Cluster.up(hosts=2, slots=1, timeout=SETUP_TIMEOUT_S)
     try:
         for i, host in enumerate(pinned.hosts):
-            shell = pinned.on_host(host, "cat /proc/self/status")
-            assert shell.returncode == 0, shell.stderr
-            assert allowed_cpus(shell.stdout) == [mine[i % len(mine)]], host
+            assert cpus_on(pinned, host) == str([mine[i % len(mine)]]), host
         for host in shared.hosts:
-            assert allowed_cpus(shared.on_host(host, "cat /proc/self/status").stdout) == mine
+            assert cpus_on(shared, host) == str(mine)
     finally:
         pinned.down()
         shared.down()
