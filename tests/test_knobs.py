@@ -17,6 +17,7 @@ def test_defaults_when_nothing_is_set():
     assert Knobs().tf_threads == "auto"
     assert Knobs().stall_timeout_s == 1800.0 and Knobs().mismatch_timeout_s == 5.0
     assert Knobs().bucket_bytes == "auto"
+    assert Knobs().malloc == "auto"
 
 
 def test_values_are_read_from_the_environment():
@@ -29,11 +30,12 @@ def test_values_are_read_from_the_environment():
             "KERASDIST_MISMATCH_TIMEOUT_S": "0",
             "KERASDIST_CACHE_CAPACITY": "8",
             "KERASDIST_BUCKET_BYTES": "65536",
+            "KERASDIST_MALLOC": "OFF",
         }
     )
     assert (got.fusion_threshold_bytes, got.cycle_time_ms, got.mismatch_timeout_s) == (0, 2.5, 0.0)
     assert (got.log_level, got.tf_threads, got.cache_capacity) == ("debug", "off", 8)
-    assert got.bucket_bytes == 65536
+    assert got.bucket_bytes == 65536 and got.malloc == "off"
     assert Knobs.from_environment({"KERASDIST_BUCKET_BYTES": "AUTO"}).bucket_bytes == "auto"
 
 
@@ -53,6 +55,7 @@ _BAD_VALUES = [
     ("KERASDIST_CACHE_CAPACITY", "lots", "is not an integer"),
     ("KERASDIST_LOG_LEVEL", "loud", "must be one of debug, info, warning, error"),
     ("KERASDIST_TF_THREADS", "4", "must be one of auto, off"),
+    ("KERASDIST_MALLOC", "glibc", "must be one of auto, off"),
     ("KERASDIST_BUCKET_BYTES", "4MB", "must be auto or a whole number of bytes between 0 and 1099511627776"),
     ("KERASDIST_BUCKET_BYTES", "-1", "must be auto or a whole number of bytes between 0"),
 ]
@@ -75,7 +78,9 @@ def test_the_launcher_refuses_what_init_refuses_from_the_environment(variable, v
 
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
 def test_every_knob_has_a_flag_that_sets_its_variable_on_every_rank(knob, capsys):
-    text = {"timeline_path": "/tmp/trace.json", "log_level": "INFO", "tf_threads": "off"}.get(knob.field, "7")
+    text = {"timeline_path": "/tmp/trace.json", "log_level": "INFO", "tf_threads": "off", "malloc": "off"}.get(
+        knob.field, "7"
+    )
     status = launcher.main(
         ["-np", "2", "--dry-run", knob.flag, text, "python", "t.py"], environ={"KERASDIST_MPI_FLAVOUR": "mpich"}
     )
