@@ -12,8 +12,7 @@ import math
 import os
 
 LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
-TF_THREAD_MODES = ("auto", "off")
-MALLOC_MODES = ("auto", "off")
+AUTO_OR_OFF = ("auto", "off")
 
 # One MPI call moves an int count of elements; a fusion buffer bigger than this buys nothing
 # and may not be allocatable at all.
@@ -240,7 +239,7 @@ KNOBS = (
         "KERASDIST_TF_THREADS",
         "--tf-threads",
         "auto",
-        _one_of(TF_THREAD_MODES),
+        _one_of(AUTO_OR_OFF),
         "auto: when ranks on a host share CPUs, size TensorFlow's thread pools to each rank's share; "
         "off: leave them to TensorFlow",
         metavar="MODE",
@@ -251,7 +250,7 @@ KNOBS = (
         "KERASDIST_MALLOC",
         "--malloc",
         "auto",
-        _one_of(MALLOC_MODES),
+        _one_of(AUTO_OR_OFF),
         "auto: glibc's malloc keeps freed memory for the next step instead of handing it back to the "
         "system and faulting it in again (unless MALLOC_*_ variables tune it); off: leave malloc alone",
         metavar="MODE",

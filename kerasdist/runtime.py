@@ -90,7 +90,7 @@ def init():
             raise RuntimeError("kerasdist was shut down in this process and cannot be started again")
         knobs = Knobs.from_environment()
         if knobs.malloc == "auto":
-            keep_freed_memory()
+            _keep_freed_memory()
         MPI = _import_mpi()
         import tensorflow as tf
 
@@ -172,8 +172,8 @@ TRIM_THRESHOLD_BYTES = 64 * 2**20
 _MALLOC_VARIABLES = ("MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_")
 
 
-def keep_freed_memory():
-    """Has glibc's malloc keep up to 64 MiB of freed memory per arena for reuse; True if it did.
+def _keep_freed_memory():
+    """Has glibc's malloc keep up to 64 MiB of freed memory per arena for reuse.
 
     By default glibc hands the free top of a thread's heap back to the system once it exceeds a
     threshold that slides with the program's history, and serves blocks over another sliding
@@ -185,14 +185,12 @@ def keep_freed_memory():
     Left alone: a process whose MALLOC_*_ variables tune malloc, and a C library that is not glibc.
     """
     if any(variable in os.environ for variable in _MALLOC_VARIABLES):
-        return False
+        return
     libc = ctypes.CDLL(None)
-    if not hasattr(libc, "gnu_get_libc_version"):
-        return False
-    # Setting either threshold also stops glibc from sliding the other, so both are set.
-    return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(
+    if hasattr(libc, "gnu_get_libc_version"):
+        # Setting either threshold also stops glibc from sliding the other, so both are set.
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
         libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
-    )
 
 
 def _cpu_share(local):
