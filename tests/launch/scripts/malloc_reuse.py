@@ -32,9 +32,16 @@ libc = ctypes.CDLL(None)
 libc.mallinfo2.restype = Mallinfo2
 libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-before = libc.mallinfo2().fordblks
-block = libc.malloc(8 * 2**20)
+BLOCK_BYTES = 8 * 2**20
+before = libc.mallinfo2()
+block = libc.malloc(BLOCK_BYTES)
+held = libc.mallinfo2()
 libc.free(block)
-# Free bytes that stay in the heap: none if the block was mmapped or the heap was trimmed.
-print(f"KEPT_BYTES={libc.mallinfo2().fordblks - before}", flush=True)
+after = libc.mallinfo2()
+# Kept: the block came from the heap (not a fresh mmap) and the free did not trim the heap.
+# Counted from the heap's size, not its free bytes: free space already at the heap's top is
+# reused for the block and would make a free-bytes difference fall short of the block.
+mmapped = held.hblkhd - before.hblkhd >= BLOCK_BYTES
+trimmed = max(held.arena - after.arena, 0)
+print(f"KEPT_BYTES={0 if mmapped else max(BLOCK_BYTES - trimmed, 0)}", flush=True)
 kerasdist.shutdown()
