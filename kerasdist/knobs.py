@@ -145,7 +145,8 @@ KNOBS = (
         _bytes_or_auto(2**40),
         "DistributedOptimizer and DistributedGradientTape reduce gradients in buckets of about this many "
         "bytes, last layers first, so each starts while backprop goes on; auto: an eighth of the "
-        "gradients' bytes, at least 64 KiB and at most 4 MiB; 0: one bucket after backprop",
+        "gradients' bytes, at least 64 KiB and at most 4 MiB, but one bucket when every rank is on one "
+        "host without a GPU (nothing to hide behind there); 0: one bucket after backprop",
         metavar="MB",
         flag_to_text=_mebibytes_to_bytes,
     ),

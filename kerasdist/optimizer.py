@@ -40,7 +40,8 @@ def reduce_gradients(grads, op=ops.Average, compression=ops.Compression.none, sp
     """Combines a list of per-rank gradients across ranks; `None` entries stay `None`.
 
     Dense gradients go out in buckets of about `KERASDIST_BUCKET_BYTES` (by default an eighth
-    of their bytes, between 64 KiB and 4 MiB), last variables first,
+    of their bytes, between 64 KiB and 4 MiB, or one bucket when every rank is on one host
+    without a GPU), last variables first,
     one grouped allreduce each (small tensors of a bucket fuse into one MPI call). Inside a
     `tf.function` a bucket's allreduce starts as soon as backprop has produced its gradients,
     so communication overlaps the rest of the backward pass. `IndexedSlices` (embedding
@@ -82,6 +83,9 @@ def _reduce(grads, op, compression, sparse_as_dense, statistics=()):
 # ResNet-20's step fell from 441 ms (one bucket) to 311 ms with 8 buckets, 316-348 ms with 4 and
 # 393 ms with 2 (docs/network.md); the floor keeps tiny models from paying a negotiation per
 # few layers, the cap keeps the buckets of large models from waiting for too many layers.
+# With every rank on one CPU host, one bucket: shared memory leaves no transfer time to hide and
+# every CPU is busy with backprop, so each extra bucket's negotiation only takes CPU from it
+# (keras_scaling's E(2): 1.016 with one bucket, 0.707 with four; docs/performance.md).
 AUTO_BUCKETS = 8
 AUTO_BUCKET_BYTES_MIN, AUTO_BUCKET_BYTES_MAX = 64 * 2**10, 4 * 2**20
 
@@ -94,6 +98,8 @@ def _bucket_bytes(setting, grads):
     """The bucket size `setting` (KERASDIST_BUCKET_BYTES) gives for these dense gradients."""
     if setting != "auto":
         return setting
+    if runtime.state().one_cpu_host:
+        return 0
     total = sum(_nbytes(g) for g in grads)
     return min(AUTO_BUCKET_BYTES_MAX, max(AUTO_BUCKET_BYTES_MIN, total // AUTO_BUCKETS))
 

@@ -32,6 +32,8 @@ class _State:
     cross_rank: int
     cross_size: int
     planned_size: int
+    # Every rank on one host, and no GPU there: gradient buckets have nothing to hide behind.
+    one_cpu_host: bool
     knobs: Knobs
     ops: object  # the tf.load_op_library module
     engine: ctypes.CDLL
@@ -102,6 +104,9 @@ def init():
         cpus, sharing = _cpu_share(local)  # a collective: every rank joins, whatever its knob says
         if knobs.tf_threads == "auto" and sharing > 1:
             _fit_tf_thread_pools(tf, cpus, sharing, warn=local.Get_rank() == 0)
+        # Agreed over the host so every rank makes the same gradient buckets; listing physical
+        # devices leaves TensorFlow's runtime unstarted (users set GPU memory growth after init).
+        gpu_on_host = any(local.allgather(bool(tf.config.list_physical_devices("GPU"))))
         path = _library_path()
         ops = tf.load_op_library(path)
         engine = ctypes.CDLL(path)
@@ -129,6 +134,7 @@ def init():
             cross_rank=cross.Get_rank(),
             cross_size=cross.Get_size(),
             planned_size=planned_size,
+            one_cpu_host=local.Get_size() == size and not gpu_on_host,
             knobs=knobs,
             ops=ops,
             engine=engine,

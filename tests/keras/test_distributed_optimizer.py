@@ -445,10 +445,19 @@ def test_gradients_travel_in_buckets_filled_from_the_last_layer(bucket_bytes, si
         (102_228_128, 4 * 2**20),
     ],
 )  # ResNet-50: the 4 MiB cap, 25 buckets
-def test_automatic_bucket_size_is_an_eighth_of_the_gradients_within_bounds(gradient_bytes, expected):
+def test_automatic_bucket_size_is_an_eighth_of_the_gradients_within_bounds(monkeypatch, gradient_bytes, expected):
+    monkeypatch.setattr(runtime.state(), "one_cpu_host", False)  # as on several hosts, or with a GPU
     half = gradient_bytes // 2
     grads = [tf.zeros([half // 4]), tf.zeros([half // 8], tf.float64)]
     assert optimizer_module._bucket_bytes("auto", grads) == expected
+    assert optimizer_module._bucket_bytes(12345, grads) == 12345  # a size the user set is kept
+
+
+def test_automatic_buckets_are_one_when_every_rank_is_on_one_cpu_host():
+    # This machine: every rank of the job on it, TensorFlow without GPUs.
+    assert runtime.state().one_cpu_host
+    grads = [tf.zeros([2**20])]  # 4 MiB: 8 buckets of 512 KiB elsewhere
+    assert optimizer_module._bucket_bytes("auto", grads) == 0
     assert optimizer_module._bucket_bytes(12345, grads) == 12345  # a size the user set is kept
 
 

@@ -1,6 +1,7 @@
-"""Gradient buckets leave during backprop with kerasdist's defaults, as the timeline shows.
+"""Gradient buckets leave during backprop with kerasdist's thread defaults, as the timeline shows.
 
-One 2-rank `model.fit` (scripts/overlap_steps.py: six 1 MiB layers, so six buckets) writes a
+One 2-rank `model.fit` (scripts/overlap_steps.py: six 1 MiB layers in 1 MiB buckets, so six
+buckets; the bucket size is set because on one CPU host the automatic size is one bucket) writes a
 timeline. If every bucket waited for the end of backprop (one bucket, or TensorFlow running the
 backward pass inline on a single inter-op thread while the collectives wait in its queue), a
 step's buckets would be queued within a few ms of each other (3 ms measured, of a 57 ms step);
@@ -34,9 +35,9 @@ def bucket_queue_times(timeline_path):
 
 def test_buckets_are_queued_while_backprop_goes_on(tmp_path):
     timeline = tmp_path / "timeline.json"
-    env = child_env(KERASDIST_TIMELINE=timeline)
-    for variable in ("TF_NUM_INTEROP_THREADS", "KERASDIST_BUCKET_BYTES", "KERASDIST_TF_THREADS"):
-        env.pop(variable, None)  # kerasdist's defaults are what is tested
+    env = child_env(KERASDIST_TIMELINE=timeline, KERASDIST_BUCKET_BYTES=2**20)
+    for variable in ("TF_NUM_INTEROP_THREADS", "KERASDIST_TF_THREADS"):
+        env.pop(variable, None)  # kerasdist's thread pool defaults are what is tested
     job = mpirun("overlap_steps.py", cwd=tmp_path, env=env)
     assert job.returncode == 0 and not job.timed_out, job.describe()
     steps = bucket_queue_times(timeline)

@@ -34,6 +34,7 @@ def test_each_rank_knows_its_host_and_its_place_on_it(two_hosts, layout):
         assert (report["local_rank"], report["local_size"]) == (rank % ranks_per_host, ranks_per_host), report
         assert (report["cross_rank"], report["cross_size"]) == (host_index, hosts), report
         assert report["allreduce"] == size * (size + 1) / 2
+        assert not report["one_cpu_host"], report  # so automatic gradient buckets overlap the network
 
 
 def test_thread_pools_are_sized_by_the_ranks_sharing_each_host(layout):

@@ -1,6 +1,7 @@
-"""model.fit of six 512-wide Dense layers (1 MiB of kernel each): automatic buckets hold one each.
+"""model.fit of six 512-wide Dense layers (1 MiB of kernel each): 1 MiB buckets hold one each.
 
-Run with KERASDIST_TIMELINE set: the test reads when each step's buckets were queued.
+Run with KERASDIST_TIMELINE and KERASDIST_BUCKET_BYTES=1048576 set: the test reads when each
+step's buckets were queued.
 """
 
 import keras
