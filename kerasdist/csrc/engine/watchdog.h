@@ -15,8 +15,8 @@
 
 namespace kerasdist {
 
-// Logs `message` with how the job ends, and ends this rank with status 1, so that the launcher
-// ends the job. Not MPI_Abort: it may try to reach the ranks that are gone, and wait for them.
+// Logs `message` with how the job ends, then ends the whole job with status 1 (MPI_Abort on the
+// world); this rank has exited with status 1 within 5 s whatever the launcher does.
 [[noreturn]] void EndJob(const std::string& message);
 
 class Watchdog {
