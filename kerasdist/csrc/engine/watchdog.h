@@ -16,7 +16,7 @@
 namespace kerasdist {
 
 // Logs `message` with how the job ends, then ends the whole job with status 1 (MPI_Abort on the
-// world); this rank has exited with status 1 within 5 s whatever the launcher does.
+// world); this rank is gone within 5 s whatever the launcher does.
 [[noreturn]] void EndJob(const std::string& message);
 
 class Watchdog {
