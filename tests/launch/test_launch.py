@@ -48,9 +48,6 @@ def test_a_frozen_rank_ends_the_job_within_the_collective_timeout(tmp_path, rank
     assert "KERASDIST_COLLECTIVE_TIMEOUT_S" in line and "so that the launcher ends the job" in line, job.describe()
     if rank0_is == "waiting":
         assert "rank(s) 1 (host " in line, job.describe()
-    # The job is ended by an abort, not left to the launcher noticing an exit: hydra missed a plain
-    # exit with status 1 in about 1 job in 20 and waited for the frozen rank for ever.
-    assert "MPI_Abort(MPI_COMM_WORLD, 1)" in job.output, job.describe()
 
 
 def _stall_job(tmp_path, **knobs):
