@@ -8,6 +8,7 @@ the launcher starts without TensorFlow or MPI.
 """
 
 import dataclasses
+import difflib
 import math
 import os
 
@@ -258,6 +259,37 @@ KNOBS = (
         flag_to_text=str.lower,
     ),
 )
+
+
+# KERASDIST_* variables that are not engine knobs: the launcher's, the ones it sets on each rank,
+# and the build's (setup.py).
+OTHER_VARIABLES = (
+    "KERASDIST_MPIEXEC",
+    "KERASDIST_MPI_FLAVOUR",
+    "KERASDIST_RESTART",
+    "KERASDIST_PLANNED_SIZE",
+    "KERASDIST_MPI_HOME",
+    "KERASDIST_WITH_NCCL",
+)
+_PREFIX = "KERASDIST_"
+
+
+def unknown_variables_message(environ):
+    """A warning naming each ``KERASDIST_*`` variable in ``environ`` that kerasdist does not read,
+    with the closest known name, or None when there is none: a misspelt knob is otherwise
+    silently left at its default."""
+    known = [knob.variable for knob in KNOBS] + list(OTHER_VARIABLES)
+    unknown = sorted(name for name in environ if name.startswith(_PREFIX) and name not in known)
+    if not unknown:
+        return None
+    described = []
+    for name in unknown:
+        closest = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        described.append(f"{name} (did you mean {closest[0]}?)" if closest else name)
+    return (
+        f"kerasdist does not read {', '.join(described)}: unknown KERASDIST_* variable(s) are ignored; "
+        f"the known ones are listed in the README's knob table"
+    )
 
 
 def engine_settings(knobs):

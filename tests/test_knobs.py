@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from kerasdist import knobs
 from kerasdist.knobs import KNOBS, Knobs
 from kerasdist.run import launcher
 
@@ -151,3 +152,30 @@ def test_the_engine_takes_every_engine_knob_by_name_and_refuses_the_rest():
         f"kerasdist: engine setting {first} given twice",
         "kerasdist: engine setting stall_timeout_s=soon is not valid",
     ], done.stderr[-3000:]
+
+
+def test_a_misspelt_knob_is_named_with_the_closest_known_variable():
+    message = knobs.unknown_variables_message({"KERASDIST_FUSIONTHRESHOLD": "0", "PATH": "/bin"})
+    assert "KERASDIST_FUSIONTHRESHOLD (did you mean KERASDIST_FUSION_THRESHOLD?)" in message
+
+
+def test_known_kerasdist_variables_and_other_variables_raise_no_warning():
+    environ = {knob.variable: "x" for knob in KNOBS}
+    environ.update({name: "x" for name in knobs.OTHER_VARIABLES}, HOROVOD_FUSION_THRESHOLD="0", HOME="/")
+    assert knobs.unknown_variables_message(environ) is None
+
+
+def test_init_warns_once_about_an_unknown_kerasdist_variable(tmp_path):
+    script = (
+        "import warnings, kerasdist\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    kerasdist.init()\n"
+        "print('WARNINGS', sum('KERASDIST_FUSIONTHRESHOLD' in str(w.message) for w in caught))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KERASDIST_", "PMI_", "OMPI_", "HYDRA_"))}
+    env.update(KERASDIST_FUSIONTHRESHOLD="0", TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=str(Path(__file__).parents[1]))
+    finished = subprocess.run(
+        [sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+    )
+    assert "WARNINGS 1" in finished.stdout, finished.stdout + finished.stderr
