@@ -16,7 +16,7 @@ import threading
 import time
 import warnings
 
-from kerasdist.knobs import Knobs, engine_settings
+from kerasdist.knobs import Knobs, engine_settings, unknown_variables_message
 
 # The number of ranks the job was planned with, when it runs on fewer (set by `kerasdist-run
 # --min-np` after it lost hosts; see `planned_size`).
@@ -99,6 +99,9 @@ def init():
         world = MPI.COMM_WORLD
         rank, size = world.Get_rank(), world.Get_size()
         planned_size = planned_size_from_environment(os.environ, size)  # every rank sees the same
+        unknown_variables = unknown_variables_message(os.environ)
+        if unknown_variables and rank == 0:  # the same variables reach every rank: say it once
+            warnings.warn(unknown_variables, stacklevel=2)
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(color=local.Get_rank(), key=rank)
         cpus, sharing = _cpu_share(local)  # a collective: every rank joins, whatever its knob says
