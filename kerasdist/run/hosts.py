@@ -10,7 +10,9 @@ global batch stays the planned one. Standard library only, like the rest of the 
 import dataclasses
 import os
 import re
+import shutil
 import signal
+import socket
 import subprocess
 import time
 
@@ -20,7 +22,9 @@ from kerasdist.run.mpi import LaunchError
 # ssh to a host that is down, or a proxy that cannot reach back, waits far longer.
 HOST_PROBE_TIMEOUT_S = 10
 DISCOVERY_TIMEOUT_S = 30
-_HOST_LINE = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)(?::(\d+))?")
+SSH_CONFIG_TIMEOUT_S = 10
+HOST_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+_HOST_LINE = re.compile(rf"({HOST_NAME.pattern})(?::(\d+))?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +40,33 @@ def parse_host_list(text):
         name, _, slots = entry.strip().partition(":")
         hosts.append(Host(name, int(slots) if slots else 1))
     return hosts
+
+
+def resolves(name, environ):
+    """True when ``name`` resolves to an address here, directly or as ssh resolves it (a ``Host``
+    alias in ssh's configuration names its ``HostName``), or when ssh cannot be asked."""
+    try:
+        socket.getaddrinfo(name, None)
+        return True
+    except (socket.gaierror, UnicodeError):
+        pass
+    ssh = shutil.which("ssh", path=environ.get("PATH"))
+    if ssh is None:
+        return False
+    try:  # -G prints the configuration ssh would use for the host, without connecting
+        printed = subprocess.run(
+            [ssh, "-G", name], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=SSH_CONFIG_TIMEOUT_S
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return True
+    real_names = [line.split()[1] for line in printed.splitlines() if line.startswith("hostname ")]
+    if not real_names or real_names[0] == name:
+        return False
+    try:
+        socket.getaddrinfo(real_names[0], None)
+        return True
+    except (socket.gaierror, UnicodeError):
+        return False
 
 
 def host_list_text(hosts):

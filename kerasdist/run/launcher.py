@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 from kerasdist import knobs, runtime
 from kerasdist.run import hosts, mpi, output
@@ -36,6 +37,10 @@ STDERR_DRAIN_TIMEOUT_S = 5
 # gets this long to end it. Hydra does in about a second, but waits without end for a proxy on a
 # host it can no longer reach; the ranks there end themselves by the same timeout.
 LAUNCHER_GRACE_S = 10
+# After Ctrl-C, the ranks get this long to end (a KeyboardInterrupt's traceback, a `finally`);
+# then mpiexec gets SIGTERM. A rank blocked in a collective never sees the SIGINT, and hydra
+# only asks for a second Ctrl-C; after SIGTERM it ends every rank within a second.
+INTERRUPT_GRACE_S = 2
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
 # What a rank imports: kerasdist and its install_requires.
 RANK_MODULES = ("kerasdist", "tensorflow", "keras", "mpi4py")
@@ -85,12 +90,14 @@ def _knob_text(knob):
 
 
 def _host_list(text):
-    """Checks ``host[:slots],...`` and returns it without spaces."""
+    """Checks ``host[:slots],...`` and returns it without spaces around the entries."""
     entries = [entry.strip() for entry in text.split(",")]
     for entry in entries:
         host, _, slots = entry.partition(":")
-        if not host or (":" in entry and not (slots.isdigit() and int(slots) > 0)):
-            raise argparse.ArgumentTypeError(f"expected host[:slots],... with slots >= 1, got {text!r}")
+        if not hosts.HOST_NAME.fullmatch(host) or (":" in entry and not (slots.isdigit() and int(slots) > 0)):
+            raise argparse.ArgumentTypeError(
+                f"expected host[:slots],... (host names of letters, digits, '.', '_' and '-'; slots >= 1), got {text!r}"
+            )
     return ",".join(entries)
 
 
@@ -295,7 +302,8 @@ def run_forwarding_signals(argv, copy_stderr=None):
 
     128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
     then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
-    otherwise the child's own status. With ``copy_stderr`` (a function of a file descriptor and
+    otherwise the child's own status. A child still running ``INTERRUPT_GRACE_S`` after a
+    SIGINT gets SIGTERM, so one Ctrl-C ends the job. With ``copy_stderr`` (a function of a file descriptor and
     an event), the child's stderr is a pipe that a thread hands to it, and the thread sets the
     event when a rank says it ends the job: the child then gets ``LAUNCHER_GRACE_S`` to exit
     before it is stopped, and the status is 1. Otherwise stderr is the launcher's own.
@@ -303,10 +311,13 @@ def run_forwarding_signals(argv, copy_stderr=None):
     child = None
     copier = None
     received = []
+    interrupted_at = []  # time.monotonic() of the first SIGINT
     rank_ended_job = threading.Event()
 
     def forward(signum, _frame):
         received.append(signum)
+        if signum == signal.SIGINT and not interrupted_at:
+            interrupted_at.append(time.monotonic())
         if child is not None:
             child.send_signal(signum)
 
@@ -319,7 +330,7 @@ def run_forwarding_signals(argv, copy_stderr=None):
             copier.start()
         for signum in received:
             child.send_signal(signum)
-        returncode = _wait_unless_a_rank_ended_the_job(child, rank_ended_job)
+        returncode = _wait_unless_a_rank_ended_the_job(child, rank_ended_job, interrupted_at)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -332,13 +343,17 @@ def run_forwarding_signals(argv, copy_stderr=None):
     return returncode
 
 
-def _wait_unless_a_rank_ended_the_job(child, rank_ended_job):
+def _wait_unless_a_rank_ended_the_job(child, rank_ended_job, interrupted_at):
+    terminated = False
     while True:
         try:
             return child.wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             if rank_ended_job.is_set():
                 break
+            if interrupted_at and not terminated and time.monotonic() - interrupted_at[0] >= INTERRUPT_GRACE_S:
+                child.terminate()
+                terminated = True
     try:
         return child.wait(timeout=LAUNCHER_GRACE_S)
     except subprocess.TimeoutExpired:
@@ -402,6 +417,22 @@ def interpreter_problem(command, environ):
     last_line = (finished.stderr.strip().splitlines() or [f"exit status {finished.returncode}"])[-1]
     where = "the first on PATH" if os.sep not in program else "as given"
     return f"{program}, which is {found} ({where}) and cannot run kerasdist: {last_line}"
+
+
+def _missing_program_or_script(command, local_job, environ):
+    """Why ``command`` cannot start, or None: its program (in a local job; another host may have
+    it), or a ``.py`` script, is missing here. mpiexec would print its own error once per rank."""
+    program = command[0]
+    if program.endswith(".py") and not os.path.exists(program):
+        return f"no such script: {program!r}"
+    if not local_job:
+        return None
+    if shutil.which(program, path=environ.get("PATH")) is None:
+        return f"{program!r} is not an executable file or a command on PATH"
+    script = command[1] if is_python(program) and len(command) > 1 else None
+    if script and not script.startswith("-") and not os.path.exists(script):
+        return f"no such script: {script!r}"
+    return None
 
 
 def _what_to_run_instead(argv, given_command, environ):
@@ -555,8 +586,23 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
             return 1
         print(shlex.join(launch_command(0, ranks, host_list)))
         return 0
+    local_job = not (args.hosts or args.hostfile or args.host_discovery_script)
+    problem = _missing_program_or_script(command, local_job, environ)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return USAGE_ERROR
+    # Hosts another launcher program reaches, or --min-np probes itself, may not resolve here.
+    if args.hosts and not (args.launcher_exec or args.min_np):
+        unknown = [host.name for host in hosts.parse_host_list(args.hosts) if not hosts.resolves(host.name, environ)]
+        if unknown:
+            print(
+                f"{PROG}: error: -H names host(s) that neither DNS nor ssh's configuration resolves: "
+                f"{', '.join(unknown)}",
+                file=sys.stderr,
+            )
+            return USAGE_ERROR
     # On other hosts the program may be another Python than here; only a local job is checked.
-    if is_python(command[0]) and not (args.hosts or args.hostfile or args.host_discovery_script):
+    if is_python(command[0]) and local_job:
         problem = interpreter_problem(command, environ)
         if problem:
             instead = _what_to_run_instead(argv, given_command, environ)
