@@ -230,6 +230,11 @@ class DistributedOptimizer(WrappingOptimizer):
         # Planned and running ranks are fixed for the job's life: the traced step takes this as a constant.
         self._planned_ranks_per_rank = runtime.state().planned_size // runtime.state().size
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
+        for argument, value in (("delay_gradients", delay_gradients), ("one_bit_gradients", one_bit_gradients)):
+            # bool(x) would read "no" as True, and delay_gradients=2 as a delay of one step
+            if not isinstance(value, bool):
+                delay = " (the delay is always one update)" if argument == "delay_gradients" else ""
+                raise TypeError(f"{argument}={value!r}: expected True or False{delay}")
         self.delay_gradients = bool(delay_gradients)
         self.one_bit_gradients = bool(one_bit_gradients)
         if self.one_bit_gradients and (self.delay_gradients or self._compression_name != "none"):
@@ -344,6 +349,20 @@ class DistributedOptimizer(WrappingOptimizer):
         saved last (see load_own_variables)."""
         delayed = [] if self._delayed_gradients is None else [*self._delayed_gradients, self._delayed_gradients_held]
         return self._window_variables() + delayed + (self._one_bit_residuals or [])
+
+    def per_rank_variables(self):
+        """The variables whose values differ between ranks: the window's partial sums, the held
+        (not yet reduced) gradients and the 1-bit residuals, each rank's own. Every other
+        variable holds the same value on every rank. `Rank0Checkpoint(resume=True)` saves
+        every rank's values of these, so that a resumed run continues exactly."""
+        return self._window_variables() + (self._delayed_gradients or []) + (self._one_bit_residuals or [])
+
+    def reset_per_rank_state(self):
+        """Starts the per-rank state afresh: an empty accumulation window, no held gradients (the
+        next update applies nothing), zero residuals."""
+        for partial in self._variables_after_the_counters():
+            partial.assign(tf.zeros_like(partial))
+        self._micro_step.assign(0)
 
     @property
     def backward_passes_per_step(self):
@@ -501,9 +520,7 @@ class DistributedOptimizer(WrappingOptimizer):
                 variable.assign(store[str(i)])
         # The partial sums and held gradients did not come back: start a fresh window, and
         # the next update applies nothing.
-        for partial in trailing:
-            partial.assign(tf.zeros_like(partial))
-        self._micro_step.assign(0)
+        self.reset_per_rank_state()
 
     def get_config(self):
         return {

@@ -4,6 +4,9 @@ Used by the callbacks (broadcast, checkpoint resume) and by the Estimator."""
 
 import warnings
 
+import numpy as np
+import tensorflow as tf
+
 from kerasdist import ops, runtime
 
 
@@ -34,6 +37,72 @@ def training_state_variables(model):
     if optimizer is not None and optimizer.built:
         variables += list(optimizer.variables)
     return variables
+
+
+def per_rank_variables(model):
+    """The optimizer variables whose values differ between ranks (a `DistributedOptimizer`'s
+    partial sums, held gradients, 1-bit residuals), also under a wrapper such as Keras's
+    `LossScaleOptimizer`; empty for other optimizers or before the optimizer is built."""
+    optimizer = getattr(model, "optimizer", None)
+    while optimizer is not None and not hasattr(optimizer, "per_rank_variables"):
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    return [] if optimizer is None else optimizer.per_rank_variables()
+
+
+def reset_per_rank_state(model):
+    """Starts the per-rank optimizer state afresh (see `DistributedOptimizer.reset_per_rank_state`)."""
+    optimizer = getattr(model, "optimizer", None)
+    while optimizer is not None and not hasattr(optimizer, "reset_per_rank_state"):
+        optimizer = getattr(optimizer, "inner_optimizer", None)
+    if optimizer is not None:
+        optimizer.reset_per_rank_state()
+
+
+def variables_layout(variables):
+    """[shape, dtype] of each variable: what two lists must share for values to move between them."""
+    return [[list(v.shape), str(v.dtype)] for v in variables]
+
+
+# What each kind of per-rank variable (named in DistributedOptimizer.build) holds, for messages.
+_PER_RANK_KINDS = (
+    ("gradient_sum", "the partial gradient sums of backward_passes_per_step"),
+    ("delayed_gradient", "the gradients delay_gradients holds"),
+    ("one_bit_residual", "the residuals of one_bit_gradients"),
+)
+
+
+def describe_per_rank_state(variables):
+    """What `variables` (from `per_rank_variables`) hold, in words."""
+    kinds = [words for suffix, words in _PER_RANK_KINDS if any(v.name.endswith(suffix) for v in variables)]
+    return ", ".join(kinds) or "per-rank optimizer variables"
+
+
+def gather_per_rank_state(variables, root_rank, name):
+    """Every rank's values of `variables`, gathered on `root_rank` (a collective): there a uint8
+    array whose row r holds rank r's values, byte for byte, in order; None on the other ranks."""
+    size = runtime.state().size
+    own = np.concatenate([np.ascontiguousarray(v.numpy()).reshape(-1).view(np.uint8) for v in variables])
+    to_root = [1 if rank == root_rank else 0 for rank in range(size)]
+    rows = ops.alltoall(tf.constant(own[np.newaxis]), splits=to_root, name=name)
+    return rows.numpy() if runtime.state().rank == root_rank else None
+
+
+def scatter_per_rank_state(variables, rows, root_rank, name):
+    """Assigns to `variables` on every rank its own row of `rows` (a collective; `rows` as
+    `gather_per_rank_state` returns it, needed on `root_rank` only)."""
+    state = runtime.state()
+    row_bytes = sum(v.numpy().nbytes for v in variables)
+    if state.rank == root_rank:
+        sent, splits = tf.constant(rows), [1] * state.size
+    else:
+        sent, splits = tf.zeros([0, row_bytes], tf.uint8), [0] * state.size
+    own = ops.alltoall(sent, splits=splits, name=name).numpy().reshape(-1)
+    at = 0
+    for variable in variables:
+        current = variable.numpy()
+        values = own[at : at + current.nbytes].view(current.dtype).reshape(current.shape)
+        variable.assign(values)
+        at += current.nbytes
 
 
 def broadcast_training_state(model, root_rank=0):

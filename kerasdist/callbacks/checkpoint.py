@@ -2,6 +2,7 @@
 
 import collections
 import contextlib
+import io
 import json
 import os
 import tempfile
@@ -9,6 +10,7 @@ import warnings
 import zipfile
 import zlib
 
+import numpy as np
 import tensorflow as tf
 
 from kerasdist import _compat, runtime, training_state
@@ -17,7 +19,11 @@ from kerasdist.coordination import on_root_for_every_rank
 # Names Rank0Checkpoint owns in its directory.
 STATE_FILENAME = "checkpoint_state.json"  # {"latest": file name, "kept": file names, oldest first}
 PARTIAL_PREFIX = ".kerasdist-partial-"  # a file being written; never a checkpoint
-METADATA_ENTRY = "kerasdist_checkpoint.json"  # inside each .keras archive: epoch, monitor, best
+METADATA_ENTRY = "kerasdist_checkpoint.json"  # inside each .keras archive: epoch, monitor, best, ranks
+# Inside a .keras archive saved with resume=True by several ranks: row r holds rank r's per-rank
+# optimizer variables, byte for byte (the archive's own optimizer variables are the root's).
+PER_RANK_STATE_ENTRY = "kerasdist_per_rank_state.npy"
+PER_RANK_STATE_COLLECTIVE = "Rank0Checkpoint(resume=True): per-rank optimizer state"
 
 SavedCheckpoint = collections.namedtuple("SavedCheckpoint", ["path", "epoch", "monitor", "best"])
 SavedCheckpoint.__doc__ = """A checkpoint on disk: its `path`, the number of epochs completed when it
@@ -214,8 +220,31 @@ class Rank0Checkpoint(_compat.MonitorCallback):
                 "give it an input shape (keras.Input or model.build) before fit()"
             )
         path = self.resumed_from.path
-        on_root_for_every_rank(lambda: self.model.load_weights(path), self.root_rank)
+        per_rank = training_state.per_rank_variables(self.model)
+        saved_rows = []  # filled on the root only
+
+        def load():
+            self.model.load_weights(path)
+            rows, why_not = _saved_per_rank_state(path, per_rank)
+            saved_rows.append(rows)
+            return why_not
+
+        why_not = on_root_for_every_rank(load, self.root_rank)
         training_state.broadcast_training_state(self.model, self.root_rank)
+        if why_not is None and per_rank and runtime.state().size > 1:
+            training_state.scatter_per_rank_state(
+                per_rank, saved_rows[0] if saved_rows else None, self.root_rank, PER_RANK_STATE_COLLECTIVE
+            )
+        elif why_not is not None:
+            training_state.reset_per_rank_state(self.model)
+            if self._is_root and why_not:
+                warnings.warn(
+                    f"Rank0Checkpoint: {path} {why_not}, so each rank's own optimizer state "
+                    f"({training_state.describe_per_rank_state(per_rank)}) starts afresh: an empty "
+                    "accumulation window, no held gradients (the next update applies nothing), zero "
+                    "residuals. The rest of the state is restored.",
+                    stacklevel=2,
+                )
         if self._is_root and self.verbose > 0:
             _compat.print_msg(f"Rank0Checkpoint: resumed from {path} after epoch {self.initial_epoch}")
         _compat.set_initial_epoch(self.model, self.initial_epoch)
@@ -228,13 +257,27 @@ class Rank0Checkpoint(_compat.MonitorCallback):
 
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
+        per_rank_rows = self._gather_per_rank_state()
         # Every rank checks the monitor and the file name, so a mistake fails on all of them.
         if self.save_best_only and self.monitor_op is None:
             self._set_monitor_op()
         name = _format_filename(self.filename, epoch, logs)
         if not self._is_root or not self._should_save(epoch, logs, name):
             return
-        self._save(name, epoch + 1)
+        self._save(name, epoch + 1, per_rank_rows)
+
+    def _gather_per_rank_state(self):
+        """Every rank's per-rank optimizer variables, on the root (None elsewhere, or with none).
+
+        A collective, at every epoch end whether or not the root then saves (only the root knows).
+        Only with resume=True: then every rank built this callback (its constructor is a
+        collective too), so every rank comes here at the same point and nothing waits for ever.
+        Without resume the callback may live on the root alone, and saving runs no collective.
+        """
+        variables = training_state.per_rank_variables(self.model)
+        if not self.resume or runtime.state().size == 1 or not variables:
+            return None
+        return training_state.gather_per_rank_state(variables, self.root_rank, PER_RANK_STATE_COLLECTIVE)
 
     def _should_save(self, epoch, logs, name):
         if not self.save_best_only:
@@ -262,16 +305,26 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         self.best = float(current)
         return True
 
-    def _save(self, name, epochs_done):
+    def _save(self, name, epochs_done, per_rank_rows=None):
         """Writes one checkpoint so that a crash at any point leaves the previous one usable."""
         path = os.path.join(self.directory, name)
-        metadata = {"epoch": epochs_done, "monitor": self.monitor, "best": self.best if self.save_best_only else None}
+        metadata = {
+            "epoch": epochs_done,
+            "monitor": self.monitor,
+            "best": self.best if self.save_best_only else None,
+            "ranks": runtime.state().size,
+            "per_rank_variables": training_state.variables_layout(training_state.per_rank_variables(self.model)),
+        }
         with _partial_file_for(path) as partial:
             self.model.save(partial)
             # The epoch travels inside the archive, so it is replaced together with the weights
             # even when every save goes to the same file name.
             with zipfile.ZipFile(partial, "a") as archive:
                 archive.writestr(METADATA_ENTRY, json.dumps(metadata))
+                if per_rank_rows is not None:
+                    rows = io.BytesIO()
+                    np.save(rows, per_rank_rows, allow_pickle=False)
+                    archive.writestr(PER_RANK_STATE_ENTRY, rows.getvalue())
         self._kept = [kept for kept in self._kept if kept != name] + [name]
         dropped = []
         if self.keep_last is not None:
@@ -284,6 +337,48 @@ class Rank0Checkpoint(_compat.MonitorCallback):
                 os.remove(os.path.join(self.directory, old))
             except FileNotFoundError:
                 pass
+
+
+def _saved_per_rank_state(path, variables):
+    """(rows, None) when the checkpoint at `path` holds every rank's part of `variables` for this
+    job (rows on the root, as `training_state.gather_per_rank_state` gave them; None in one
+    process, where the loaded variables are that rank's own); otherwise (None, why not), where
+    why not is "" when the checkpoint had no per-rank state to lose. Runs on the root."""
+    if not variables:
+        return None, None
+    size = runtime.state().size
+    with zipfile.ZipFile(path) as archive:
+        metadata = json.loads(archive.read(METADATA_ENTRY))
+        saved_ranks = metadata.get("ranks")  # None: saved before kerasdist kept more than the root's part
+        saved_layout = metadata.get("per_rank_variables")
+        if saved_layout == []:
+            return None, ""
+        if saved_ranks is None:
+            if size == 1:
+                return None, None
+            return (
+                None,
+                "was saved by an older kerasdist, which kept only the root's part of the per-rank optimizer state",
+            )
+        if saved_ranks != size:
+            return None, f"was saved by {saved_ranks} rank(s) and this job runs {size}"
+        if saved_layout != training_state.variables_layout(variables):
+            return None, "holds per-rank optimizer variables of other kinds or shapes than this optimizer's"
+        if size == 1:
+            return None, None
+        if PER_RANK_STATE_ENTRY not in archive.namelist():
+            return None, (
+                "holds only the root's part of the per-rank optimizer state (it was saved by a "
+                "Rank0Checkpoint without resume=True, which gathers nothing)"
+            )
+        rows = np.load(io.BytesIO(archive.read(PER_RANK_STATE_ENTRY)), allow_pickle=False)
+    expected = (size, sum(v.numpy().nbytes for v in variables))
+    if rows.dtype != np.uint8 or rows.shape != expected:
+        raise ValueError(
+            f"{path}: {PER_RANK_STATE_ENTRY} holds {rows.dtype} {rows.shape}, not the uint8 {expected} "
+            "of every rank's per-rank optimizer state that Rank0Checkpoint writes; resume from another checkpoint"
+        )
+    return rows, None
 
 
 def _check_filename(filename):
