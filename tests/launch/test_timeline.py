@@ -117,3 +117,17 @@ def test_each_cycle_mark_counts_the_requests_negotiated_in_its_cycle(events):
     bounds = [mark["ts"] - TIME_SLACK_US for mark in marks] + [float("inf")]
     counted = [sum(1 for end in queued_until if bounds[i] <= end < bounds[i + 1]) for i in range(len(marks))]
     assert counted == [mark["args"]["ready"] for mark in marks], (counted, marks)
+
+
+def test_the_timeline_loads_after_a_job_ended_by_abort(tmp_path):
+    # Rank 1 raises after a warm-up allreduce; the excepthook's MPI_Abort then ends rank 0
+    # without exit handlers, in the run whose timeline a user most needs.
+    job = mpirun(
+        "raise_on_rank.py",
+        "allreduce",
+        cwd=tmp_path,
+        env=child_env(KERASDIST_TIMELINE=tmp_path / "aborted.json"),
+    )
+    assert job.returncode != 0 and not job.timed_out, job.describe()
+    events = json.loads((tmp_path / "aborted.json").read_text())
+    assert "warmup" in {event.get("args", {}).get("tensor") for event in events}, events

@@ -1,7 +1,26 @@
 #include "timeline.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "common.h"
+
 namespace kerasdist {
 namespace {
+
+constexpr char kClosing[] = "\n]\n";
+
+// One pwrite per event: unbuffered, so nothing is lost when the process is ended without exit
+// handlers, and the event and the closing bracket after it land together.
+bool WriteAt(int fd, const std::string& bytes, off_t offset) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = pwrite(fd, bytes.data() + done, bytes.size() - done, offset + static_cast<off_t>(done));
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
 
 std::string JsonEscaped(const std::string& s) {
   std::string out;
@@ -16,11 +35,12 @@ std::string JsonEscaped(const std::string& s) {
 }  // namespace
 
 bool Timeline::Open(const std::string& path) {
-  file_ = std::fopen(path.c_str(), "w");
-  if (!file_) return false;
+  fd_ = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) return false;
   origin_ = Clock::now();
-  std::fputs("[\n", file_);
-  return true;
+  end_ = 1;
+  if (!WriteAt(fd_, std::string("[") + kClosing, 0)) Close();
+  return enabled();
 }
 
 double Timeline::Micros(Clock::time_point t) const {
@@ -38,14 +58,19 @@ int Timeline::TrackOf(const std::string& tensor) {
 }
 
 void Timeline::Emit(const std::string& json) {
-  if (!first_event_) std::fputs(",\n", file_);
+  const std::string record = (first_event_ ? "\n" : ",\n") + json;
   first_event_ = false;
-  std::fputs(json.c_str(), file_);
+  if (!WriteAt(fd_, record + kClosing, end_)) {
+    Log(2, "cannot write the timeline any more; it ends here");
+    Close();
+    return;
+  }
+  end_ += static_cast<off_t>(record.size());
 }
 
 void Timeline::Phase(const std::string& tensor, const char* phase, Clock::time_point start,
                      Clock::time_point end) {
-  if (!file_) return;
+  if (!enabled()) return;
   int track = TrackOf(tensor);
   char buf[256];
   std::snprintf(buf, sizeof(buf), "\"ph\": \"X\", \"pid\": 0, \"tid\": %d, \"ts\": %.3f, \"dur\": %.3f",
@@ -55,7 +80,7 @@ void Timeline::Phase(const std::string& tensor, const char* phase, Clock::time_p
 }
 
 void Timeline::CycleMark(Clock::time_point when, int ready_count) {
-  if (!file_) return;
+  if (!enabled()) return;
   char buf[200];
   std::snprintf(buf, sizeof(buf),
                 "{\"name\": \"cycle\", \"ph\": \"i\", \"s\": \"g\", \"pid\": 0, \"tid\": 0, "
@@ -65,10 +90,9 @@ void Timeline::CycleMark(Clock::time_point when, int ready_count) {
 }
 
 void Timeline::Close() {
-  if (!file_) return;
-  std::fputs("\n]\n", file_);
-  std::fclose(file_);
-  file_ = nullptr;
+  if (!enabled()) return;
+  close(fd_);
+  fd_ = -1;
 }
 
 }  // namespace kerasdist
