@@ -1,6 +1,7 @@
 """The callback that grows the effective batch while training, from a `GrowthSignal`."""
 
 import math
+import warnings
 
 import keras
 
@@ -130,6 +131,28 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         super().set_model(model)
         self._optimizer()  # refuse a model it cannot grow before training starts
         self._growth_signal.set_model(model, self.batch_size)
+
+    def on_train_begin(self, logs=None):
+        one_batch_size = runtime.size() * self._optimizer().backward_passes_per_step == 1
+        if self.signal != "noise_scale" or not one_batch_size:
+            return
+        # B_noise compares each micro-batch's gradient with the averaged one: one rank without
+        # accumulation has a single batch size, so the estimate stays nan until the batch grows.
+        why = (
+            "signal='noise_scale' needs two batch sizes (ranks x backward_passes_per_step >= 2), and one "
+            "process with backward_passes_per_step=1 has one, so B_noise is nan"
+        )
+        if self.max_epochs_without_growth is None:
+            raise ValueError(
+                f"AdaptiveBatchGrowth: {why} and the batch would never grow. Start the optimizer with "
+                "backward_passes_per_step=2, run on 2 or more ranks, set max_epochs_without_growth, or "
+                "use signal='curvature'"
+            )
+        warnings.warn(
+            f"AdaptiveBatchGrowth: {why} until max_epochs_without_growth={self.max_epochs_without_growth} "
+            "grows the batch",
+            stacklevel=2,
+        )
 
     def effective_batch_size(self):
         """Per-rank batch × ranks × accumulated micro-batches."""

@@ -51,6 +51,16 @@ class GradientNoiseScale:
         self.ema_decay = ema_decay
         self._variables = None
 
+    @property
+    def batch_size(self):
+        return self._samples_per_micro_batch
+
+    @batch_size.setter
+    def batch_size(self, value):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"GradientNoiseScale: batch_size={value!r} must be an int >= 1 (samples per rank)")
+        self._samples_per_micro_batch = value
+
     def build(self, optimizer):
         """Creates the statistics' variables through `optimizer` (so they are saved with it)."""
 

@@ -5,6 +5,11 @@ import keras
 from kerasdist import ops, runtime, training_state
 from kerasdist.optimizer import DistributedOptimizer
 
+# The window restarts at every epoch and the ranks average at each epoch's last step anyway, so
+# only windows up to an epoch's steps mean anything; no epoch has a million steps per rank. A
+# larger value is a mistake (samples for steps, a sentinel for "never"), refused by name.
+MAX_WINDOW_STEPS = 10**6
+
 
 class ModelAveraging(keras.callbacks.Callback):
     """Every rank trains on its own data alone for ``every`` steps, then the ranks average their
@@ -23,7 +28,8 @@ class ModelAveraging(keras.callbacks.Callback):
     synchronous training at the same global batch uses may need lowering.
 
     Args:
-      every: steps (callback batches) between averages: an int >= 1, or a function of the epoch
+      every: steps (callback batches) between averages: an int from 1 to 10**6 (a window longer
+        than an epoch averages once an epoch, at its end), or a function of the epoch
         (counting from 0) that returns one, read at each epoch's start, so the window can grow
         as training settles (e.g. ``lambda epoch: 4 * 2 ** (epoch // 10)``).
       average_optimizer_state: also average the optimizer's floating-point variables (momenta,
@@ -90,6 +96,9 @@ class ModelAveraging(keras.callbacks.Callback):
 
 
 def _check_window(value, what):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"kerasdist.callbacks.ModelAveraging: {what} must be an int >= 1 (steps), got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WINDOW_STEPS:
+        raise ValueError(
+            f"kerasdist.callbacks.ModelAveraging: {what} must be an int >= 1 (steps) and at most "
+            f"{MAX_WINDOW_STEPS} (the ranks average at every epoch's end anyway), got {value!r}"
+        )
     return value
