@@ -110,16 +110,33 @@ def learning_rate_object(optimizer):
 
 
 def replace_metrics_result(model, make_result):
-    """Makes `model.get_metrics_result` return `make_result(local_result)` where it runs eagerly.
+    """Makes `model.get_metrics_result` return `make_result(local_result, ran_steps=True)` where
+    it runs eagerly, and the results of an epoch or `evaluate` in which this rank ran no step
+    (an empty shard) `make_result(local_result, ran_steps=False)`.
 
     Keras builds the epoch's logs (and `evaluate`'s results) from the eager call, outside the
-    compiled step; the calls inside a train or test step stay per batch and local.
+    compiled step; the calls inside a train or test step stay per batch and local. It does so in
+    `Model._get_metrics_result_or_logs(logs)`, which returns the last step's logs instead when
+    they do not name the metrics: `{}` after no step, so such a rank would report nothing.
     """
+    if not hasattr(model, "_get_metrics_result_or_logs"):
+        raise ImportError(
+            f"kerasdist reports the metrics of a rank with an empty shard through "
+            f"keras.Model._get_metrics_result_or_logs, which Keras {keras.__version__} does not "
+            f"have; kerasdist was tested with {TESTED_WITH}"
+        )
     local_result = model.get_metrics_result
+    local_result_or_logs = model._get_metrics_result_or_logs
 
     def get_metrics_result():
         if not tf.executing_eagerly():
             return local_result()
-        return make_result(local_result)
+        return make_result(local_result, ran_steps=True)
+
+    def get_metrics_result_or_logs(logs):
+        if not logs:  # the last step's logs: none when this rank ran no step
+            return make_result(local_result, ran_steps=False)
+        return local_result_or_logs(logs)
 
     model.get_metrics_result = get_metrics_result
+    model._get_metrics_result_or_logs = get_metrics_result_or_logs

@@ -121,10 +121,27 @@ def test_learning_rate_object_tells_a_schedule_from_a_rate():
 def test_a_replaced_metrics_result_is_what_fit_and_evaluate_report():
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
     model.compile("sgd", "mse", metrics=["mae"])
-    _compat.replace_metrics_result(model, lambda local: {name: 7.0 for name in local()})
+    _compat.replace_metrics_result(model, lambda local, ran_steps: {name: 7.0 for name in local()})
     history = model.fit(np.ones((4, 1)), np.ones((4, 1)), epochs=1, verbose=0)
     assert history.history == {"loss": [7.0], "mae": [7.0]}
     assert model.evaluate(np.ones((4, 1)), np.ones((4, 1)), verbose=0, return_dict=True) == {"loss": 7.0, "mae": 7.0}
+
+
+def test_a_replaced_metrics_result_is_what_an_evaluation_without_steps_reports():
+    # Plain Keras reports {} when no step ran (an empty shard).
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=["mae"])
+    calls = []
+
+    def make_result(local, ran_steps):
+        calls.append(ran_steps)
+        return {name: 7.0 for name in local()}
+
+    _compat.replace_metrics_result(model, make_result)
+    assert model.evaluate(np.ones((0, 1)), np.ones((0, 1)), verbose=0, return_dict=True) == {"loss": 7.0, "mae": 7.0}
+    assert calls == [False]
+    model.evaluate(np.ones((2, 1)), np.ones((2, 1)), verbose=0)
+    assert calls == [False, True]
 
 
 def test_enclosing_function_graph_looks_past_cond_and_while_loop_graphs():

@@ -9,15 +9,23 @@ from kerasdist import _compat, runtime, training_state
 from kerasdist.coordination import metric_states_summed_over_ranks
 
 
-def global_metrics_result(model, local_result):
+def global_metrics_result(model, local_result, ran_steps=True):
     """`model.get_metrics_result()` as if one process had seen every rank's batches: computed
     with the metrics' state summed over ranks (see `metric_states_summed_over_ranks`), after
     which this rank's own state is put back. Works for every metric whose state variables add
-    up across batches, which includes all of Keras's built-ins. Inside `local_metrics(model)`
-    it is this rank's own result, with no collective.
+    up across batches, which includes all of Keras's built-ins. A rank that ran no step
+    (`ran_steps=False`: its shard was empty) adds nothing and reports the same result. Inside
+    `local_metrics(model)` it is this rank's own result, with no collective (none after no step,
+    as in Keras).
     """
     if getattr(model, "_kerasdist_local_metrics", False):
-        return local_result()
+        return local_result() if ran_steps else {}
+    if not ran_steps:
+        # Keras reset the metrics before the loop, but its one call of the step that found no
+        # batch still ran the updates that do not read the batch: each count grew by the
+        # static batch size.
+        for metric in model.metrics:
+            metric.reset_state()
     try:
         with metric_states_summed_over_ranks(model.metrics):
             return local_result()
@@ -65,7 +73,8 @@ class MetricAverage(keras.callbacks.Callback):
     callback the epoch logs (train and `val_` entries, hence `History`, `CSVLogger`,
     `TensorBoard`, checkpoints and early stopping) and the values `model.evaluate` returns are
     computed from the metrics' sums and counts over all ranks: equal on every rank and equal to
-    what one process on the whole data would report, also when shards have unequal sizes.
+    what one process on the whole data would report, also when shards have unequal sizes or
+    some are empty (a rank that ran no batch reports the same values under the same keys).
     Averaging per-rank averages would not be.
 
     How: once attached, the model's eager `get_metrics_result()` (what Keras calls at epoch end
@@ -92,5 +101,7 @@ class MetricAverage(keras.callbacks.Callback):
         training_state.turn_off_xla(model)
         if runtime.state().size == 1 or getattr(model, "_kerasdist_global_metrics", False):
             return
-        _compat.replace_metrics_result(model, lambda local_result: global_metrics_result(model, local_result))
+        _compat.replace_metrics_result(
+            model, lambda local_result, ran_steps: global_metrics_result(model, local_result, ran_steps)
+        )
         model._kerasdist_global_metrics = True
