@@ -149,6 +149,11 @@ class DistributedOptimizer(WrappingOptimizer):
     traced train function must then be rebuilt (`model.make_train_function(force=True)`):
     `set_backward_passes_per_step(k, model)` does both.
 
+    Under the mixed_float16 policy, one created after the policy is set wraps its optimizer in a
+    `keras.optimizers.LossScaleOptimizer` (unless it is one) and is itself a `LossScaleOptimizer`
+    to Keras, so `compile` adds no second scaler. The scaled gradients are reduced first and the
+    inner scaler tests the reduced ones for overflow: every rank skips the same steps.
+
     Callbacks that adapt training to the gradients read them through `gradient_statistics()`
     (the `GradientNoiseScale` fed by every update) and change k with
     `set_backward_passes_per_step`, as `kerasdist.callbacks.AdaptiveBatchGrowth` does.
@@ -222,7 +227,15 @@ class DistributedOptimizer(WrappingOptimizer):
             raise ValueError("this optimizer is already a kerasdist.DistributedOptimizer; wrap it once")
         if kwargs:
             raise ValueError(f"DistributedOptimizer does not take {sorted(kwargs)}: set them on the inner optimizer")
-        super().__init__(optimizer, name=name or f"distributed_{optimizer.name}")
+        name = name or f"distributed_{optimizer.name}"
+        if keras.mixed_precision.global_policy().name == "mixed_float16" and not isinstance(
+            optimizer, keras.optimizers.LossScaleOptimizer
+        ):
+            # The scaler `compile` would put around this optimizer, put inside it instead.
+            optimizer = keras.optimizers.LossScaleOptimizer(optimizer, name="loss_scale_optimizer")
+        super().__init__(optimizer, name=name)
+        if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and type(self) is DistributedOptimizer:
+            self.__class__ = _LossScalingDistributedOptimizer  # so that `compile` adds no second scaler
         self._op_name = _gradient_op_name(op)
         self._compression_name = _compression_name(compression)
         self.sparse_as_dense = bool(sparse_as_dense)
@@ -241,6 +254,9 @@ class DistributedOptimizer(WrappingOptimizer):
             raise ValueError(
                 "one_bit_gradients=True sends signs and scales: not with delay_gradients=True or a compression"
             )
+        if self.scales_the_loss and (self.delay_gradients or self.one_bit_gradients):
+            option = "delay_gradients=True" if self.delay_gradients else "one_bit_gradients=True"
+            raise ValueError(_NOT_WITH_LOSS_SCALING.format(option))
         self._delayed_gradients = None
         self._one_bit_residuals = None
         self._accumulators = None
@@ -262,6 +278,8 @@ class DistributedOptimizer(WrappingOptimizer):
                 "the gradient noise scale needs each update's own exact gradients: not with "
                 "delay_gradients=True or one_bit_gradients=True"
             )
+        if self.scales_the_loss:
+            raise ValueError(_NOT_WITH_LOSS_SCALING.format("the gradient noise scale"))
         if self.built:
             raise ValueError(
                 "attach the GradientNoiseScale before the optimizer's first step, e.g. "
@@ -296,6 +314,13 @@ class DistributedOptimizer(WrappingOptimizer):
         return self.gradient_noise_scale
 
     @property
+    def scales_the_loss(self):
+        """Whether the inner optimizer is a `keras.optimizers.LossScaleOptimizer` (one is added
+        under the mixed_float16 policy): it then checks the reduced gradients, the same on every
+        rank, so every rank skips the same steps."""
+        return isinstance(self.inner_optimizer, keras.optimizers.LossScaleOptimizer)
+
+    @property
     def op(self):
         return _GRADIENT_OPS[self._op_name]
 
@@ -305,6 +330,8 @@ class DistributedOptimizer(WrappingOptimizer):
 
     @_compat.no_automatic_dependency_tracking
     def build(self, var_list):
+        if keras.mixed_precision.global_policy().name == "mixed_float16" and not self.scales_the_loss:
+            raise ValueError(_CREATED_BEFORE_MIXED_FLOAT16)
         if not self.inner_optimizer.built:
             self.inner_optimizer.build(var_list)
         self._micro_step = self.add_variable(shape=(), dtype="int32", name="micro_step")
@@ -316,7 +343,9 @@ class DistributedOptimizer(WrappingOptimizer):
         )
         if self.gradient_noise_scale is not None:
             self.gradient_noise_scale.build(self)
-        super().build(var_list)
+        # Named, not super(): in _LossScalingDistributedOptimizer, LossScaleOptimizer comes next,
+        # whose build would make a second, unused loss scale.
+        keras.optimizers.Optimizer.build(self, var_list)
         if self.delay_gradients:
             self._delayed_gradients = [
                 self.add_variable_from_reference(v, name="delayed_gradient") for v in self._trainable_variables
@@ -544,6 +573,46 @@ class DistributedOptimizer(WrappingOptimizer):
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         noise = config.pop("gradient_noise_scale", None)
         return cls(inner, gradient_noise_scale=None if noise is None else GradientNoiseScale(**noise), **config)
+
+
+_NOT_WITH_LOSS_SCALING = (
+    "{} carries gradients (or their statistics) from one update into later ones, in the units of a "
+    "loss scale that changes between them, and a step whose gradients overflowed would poison them: "
+    "not with loss scaling (an inner keras.optimizers.LossScaleOptimizer, which DistributedOptimizer "
+    "adds by itself under the mixed_float16 policy); mixed_bfloat16 needs no loss scaling"
+)
+_CREATED_BEFORE_MIXED_FLOAT16 = (
+    "this DistributedOptimizer was created before keras.mixed_precision.set_global_policy('mixed_float16'), "
+    "so it does not scale the loss, and model.compile puts a LossScaleOptimizer around it that checks "
+    "each rank's own gradients: a step that overflows on one rank would be skipped on that rank only. "
+    "Create the DistributedOptimizer after setting the policy (it then scales the loss itself, checking "
+    "the reduced gradients), or give it one: DistributedOptimizer(keras.optimizers.LossScaleOptimizer(opt))"
+)
+
+
+def _inner_loss_scale_attribute(name):
+    return property(lambda self: getattr(self.inner_optimizer, name), doc=f"The inner LossScaleOptimizer's `{name}`.")
+
+
+@keras.saving.register_keras_serializable(package="kerasdist", name="LossScalingDistributedOptimizer")
+class _LossScalingDistributedOptimizer(DistributedOptimizer, keras.optimizers.LossScaleOptimizer):
+    """The class a `DistributedOptimizer` takes when its inner optimizer is a `LossScaleOptimizer`.
+
+    Under mixed_float16, `model.compile` wraps every optimizer that is not a `LossScaleOptimizer`
+    in one. Around a `DistributedOptimizer` that scaler would unscale the gradients a second
+    time, and would test the local gradients for overflow: a rank whose batch overflowed would
+    skip its update, and with it the gradient allreduce, alone. Being a `LossScaleOptimizer`
+    keeps `compile` from adding it; all behaviour is `DistributedOptimizer`'s, and the loss
+    scale is the inner optimizer's.
+    """
+
+    dynamic_scale = _inner_loss_scale_attribute("dynamic_scale")
+    initial_scale = _inner_loss_scale_attribute("initial_scale")
+    dynamic_growth_steps = _inner_loss_scale_attribute("dynamic_growth_steps")
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return DistributedOptimizer.from_config(config, custom_objects)  # which takes this class by itself
 
 
 _DIFFERENT_WEIGHTS = (
