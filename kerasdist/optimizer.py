@@ -617,10 +617,13 @@ class _LossScalingDistributedOptimizer(DistributedOptimizer, keras.optimizers.Lo
 
 _DIFFERENT_WEIGHTS = (
     "kerasdist: the ranks held different trainable weights at the first update, so each would have "
-    "trained its own model; rank 0's weights were broadcast to every rank first. Nothing broadcast rank "
-    "0's state before training (for model.fit, pass callbacks=kerasdist.callbacks(); in a custom loop, "
-    "call kerasdist.broadcast_variables(model.variables, root_rank=0) once they exist), or the model "
-    "was not built when training started."
+    "trained its own model; rank 0's weights were broadcast to every rank first. Either the model was "
+    "not built when training started (no keras.Input or input shape: fit builds it in its first step, "
+    "so BroadcastGlobalState, or Horovod's BroadcastGlobalVariablesCallback, can broadcast only after "
+    "that step; start the model with keras.Input(shape) or call model.build(shape) before fit), or "
+    "nothing broadcast rank 0's state before training (for model.fit, pass "
+    "callbacks=kerasdist.callbacks(); in a custom loop, call "
+    "kerasdist.broadcast_variables(model.variables, root_rank=0) once they exist)."
 )
 
 

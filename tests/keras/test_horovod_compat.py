@@ -267,3 +267,35 @@ def test_load_model_wraps_a_plain_saved_optimizer_and_keeps_its_state(tmp_path):
     for got, expected in zip(loaded.get_weights(), reference.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
     assert int(loaded.optimizer.iterations) == 4
+
+
+@pytest.mark.parametrize(
+    "name", ["allgather_object", "broadcast_object", "broadcast_object_fn", "join", "barrier", "broadcast_variables"]
+)
+def test_the_keras_module_offers_horovod_tensorflow_s_names(name):
+    assert getattr(hvd, name) is getattr(hvd_tf, name)
+
+
+def test_the_keras_module_s_object_collectives_work():
+    assert hvd.allgather_object(RANK) == list(range(SIZE))
+    assert hvd.broadcast_object({"rank": RANK}, root_rank=0) == {"rank": 0}
+
+
+@pytest.mark.parametrize("name", ["no_such_name", "os", "_op"])
+def test_an_unknown_name_of_the_keras_module_is_an_attribute_error_naming_it(name):
+    with pytest.raises(AttributeError, match=rf"module 'kerasdist.horovod.tensorflow.keras' has no attribute '{name}'"):
+        getattr(hvd, name)
+
+
+@pytest.mark.skipif(SIZE < 2, reason="the ranks' weights can differ only between 2 or more ranks")
+def test_a_model_built_by_fit_s_first_step_gets_a_warning_that_names_that_cause(capfd):
+    keras.utils.set_random_seed(RANK)  # each rank initialises its own weights
+    model = keras.Sequential([keras.layers.Dense(2), keras.layers.Dense(1)])  # no input shape
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    model.fit(np.ones((4, 3)), np.ones((4, 1)), batch_size=2, verbose=0, callbacks=callbacks)
+    err = capfd.readouterr().err
+    if RANK == 0:
+        assert "the model was not built when training started" in err and "keras.Input(shape)" in err, err
+    kernels = hvd.allgather_object(model.get_weights()[0].tolist())
+    assert all(kernel == kernels[0] for kernel in kernels)

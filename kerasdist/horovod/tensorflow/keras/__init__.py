@@ -16,6 +16,8 @@ print(float(hvd.allreduce(np.float32(hvd.rank()), op=hvd.Sum)) == sum(range(hvd.
 ```
 """
 
+import inspect
+
 import keras
 import tensorflow as tf
 
@@ -49,7 +51,13 @@ from kerasdist.horovod.tensorflow.keras import callbacks  # noqa: F401
 
 
 def __getattr__(name):
-    return _hvd.__getattr__(name)  # SyncBatchNormalization, and the names kerasdist does not offer
+    """The rest of `horovod.tensorflow`'s API (Horovod's Keras module re-exports much of it):
+    `broadcast_object`, `allgather_object`, `join`, `barrier`, `SyncBatchNormalization`, and the
+    names kerasdist does not offer (`start_timeline`, `elastic`, ...), which raise when used."""
+    found = None if name.startswith("_") else getattr(_hvd, name, None)
+    if found is None or inspect.ismodule(found):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return found
 
 
 def DistributedOptimizer(
