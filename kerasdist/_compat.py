@@ -51,6 +51,12 @@ _ControlFlowFuncGraph = _private(
     "ControlFlowFuncGraph",
     "naming collectives inside tf.cond and tf.while_loop by their function",
 )
+# The graph a tf.function traces into (cond and while graphs are ones too), as opposed to a
+# TF1-style graph, whose runs kerasdist cannot count.
+_FuncGraph = _private("tensorflow.python.framework.func_graph", "FuncGraph", "numbering the calls of each tf.function")
+# The calling stack with AutoGraph's generated code mapped back to the lines it came from, as
+# TensorFlow's own error messages show it (Python's stack holds the generated file instead).
+_tf_stack = _private("tensorflow.python.util", "tf_stack", "naming collectives inside tf.function by their source line")
 SummaryMetadata = _private(
     "tensorflow.core.framework.summary_pb2",
     "SummaryMetadata",
@@ -87,6 +93,17 @@ def enclosing_function_graph():
     while isinstance(graph, _ControlFlowFuncGraph):
         graph = graph.outer_graph
     return graph
+
+
+def is_function_graph(graph):
+    """True for the graph of a `tf.function` (or of its cond and while bodies)."""
+    return isinstance(graph, _FuncGraph)
+
+
+def source_stack():
+    """The calling stack as (file, line) pairs, innermost last, with code AutoGraph converted
+    shown at the user's own lines."""
+    return [(frame.filename, frame.lineno) for frame in _tf_stack.extract_stack()]
 
 
 def set_initial_epoch(model, epoch):

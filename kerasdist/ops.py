@@ -24,6 +24,7 @@ import tensorflow as tf
 from kerasdist import _compat, runtime
 
 _OP_TYPES = (
+    "KerasdistExecutionCount",
     "KerasdistAllreduce",
     "KerasdistAllgather",
     "KerasdistBroadcast",
@@ -121,6 +122,10 @@ _calls_per_site_lock = threading.Lock()
 # The Horovod-compatible API is a pass-through too: a name must come from the user's line.
 _PASS_THROUGH_MODULES = (__name__, "tensorflow.", "kerasdist.horovod")
 _AUTOGRAPH_FILE_PREFIX = "__autograph_generated_file"
+# The same pass-through code by location, for stacks that give files only.
+_PASS_THROUGH_DIRECTORIES = tuple(
+    os.path.dirname(path) + os.sep for path in (tf.__file__, os.path.join(os.path.dirname(__file__), "horovod", "x"))
+)
 
 
 # AutoGraph leaves these as written: they hold no tensor-dependent Python control flow, and a
@@ -153,18 +158,51 @@ def _tensor_name(kind, name):
     return f"{kind}@{where}{site}#{count}"
 
 
+_executions_per_graph = weakref.WeakKeyDictionary()
+_eager_execution = []  # the -1 that eager calls carry, made once
+
+
+def _execution():
+    """What a collective made here carries as its `execution`: inside a `tf.function`, the
+    number of earlier calls of that function on this rank; -1 eagerly (and in TF1-style graphs,
+    whose runs cannot be counted).
+
+    Names inside a `tf.function` are fixed per trace, so the same name comes back in every call.
+    The count tells the engine which call a request belongs to: a collective one rank skipped
+    (under `tf.cond`) then fails on every rank instead of pairing with the next call's. The
+    count is one stateful op per traced function, placed in the function's own graph even when
+    the collective sits in a cond or loop body, so that it runs on every call.
+    """
+    if tf.executing_eagerly():
+        if not _eager_execution:
+            _eager_execution.append(tf.constant(-1, tf.int64))
+        return _eager_execution[0]
+    graph = _compat.enclosing_function_graph()
+    if not _compat.is_function_graph(graph):
+        return tf.constant(-1, tf.int64)
+    with _calls_per_site_lock:
+        count = _executions_per_graph.get(graph)
+    if count is None:
+        with graph.as_default():
+            count = _ops().kerasdist_execution_count(function=graph.name)
+        with _calls_per_site_lock:
+            _executions_per_graph[graph] = count
+    return count
+
+
 def _call_site():
     """`file:line` of the first frame outside kerasdist.ops and TensorFlow's wrappers. The file's
     base name, not its path: ranks on different hosts may run the same code from different paths.
-    Code AutoGraph converted runs from a temporary file whose name differs by rank: there the
-    converted function's name stands in for the file."""
+    Code AutoGraph converted runs from a temporary file (its name differs by rank): there the
+    line it was converted from is used, as TensorFlow's error messages show it."""
     frame = sys._getframe(2)
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(_PASS_THROUGH_MODULES):
         frame = frame.f_back
-    file = os.path.basename(frame.f_code.co_filename)
-    if file.startswith(_AUTOGRAPH_FILE_PREFIX):
-        file = frame.f_code.co_name
-    return f"{file}:{frame.f_lineno}"
+    if os.path.basename(frame.f_code.co_filename).startswith(_AUTOGRAPH_FILE_PREFIX):
+        for file, line in reversed(_compat.source_stack()):
+            if not file.startswith(_PASS_THROUGH_DIRECTORIES) and file not in (__file__, _compat.__file__):
+                return f"{os.path.basename(file)}:{line}"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
 
 
 def _fail(kind, name, error):
@@ -281,6 +319,7 @@ def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_
         reduce_op=int(op),
         blocking=tf.executing_eagerly(),
         wire_dtypes=wire_dtypes,
+        execution=_execution(),
     )
 
 
@@ -338,7 +377,7 @@ def allgather(tensor, name=None):
     tensor = tf.convert_to_tensor(tensor)
     name = _tensor_name("allgather", name)
     _check_dtypes("allgather", _OpKind.ALLGATHER, name, [tensor], _MOVABLE_DTYPES)
-    return _ops().kerasdist_allgather(tensor, tensor_name=name, blocking=tf.executing_eagerly())
+    return _ops().kerasdist_allgather(tensor, tensor_name=name, blocking=tf.executing_eagerly(), execution=_execution())
 
 
 def _member_names(kind, name, count):
@@ -389,7 +428,7 @@ def broadcast(tensor, root_rank, name=None):
         _fail(_OpKind.BROADCAST, name, TypeError(f"kerasdist.broadcast: root_rank={root_rank!r} must be an integer"))
     # Its range is the engine's check, on every rank alike.
     return _ops().kerasdist_broadcast(
-        tensor, tensor_name=name, root_rank=int(root_rank), blocking=tf.executing_eagerly()
+        tensor, tensor_name=name, root_rank=int(root_rank), blocking=tf.executing_eagerly(), execution=_execution()
     )
 
 
@@ -455,6 +494,7 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
         tensor_name=name,
         reduce_op=int(op),
         blocking=tf.executing_eagerly(),
+        execution=_execution(),
     )
 
 
@@ -519,7 +559,7 @@ def _alltoall(tensor, splits, name):
             TypeError(f"kerasdist.alltoall: splits must be integers (rows sent to each rank), got {splits!r}"),
         )
     return _ops().kerasdist_alltoall(
-        tensor, tf.cast(splits, tf.int32), tensor_name=name, blocking=tf.executing_eagerly()
+        tensor, tf.cast(splits, tf.int32), tensor_name=name, blocking=tf.executing_eagerly(), execution=_execution()
     )
 
 
@@ -549,7 +589,7 @@ def _pickled(obj, name):
 
 def _allgather_bytes(payload, name):
     gathered = _ops().kerasdist_allgather(
-        tf.constant(np.frombuffer(payload, np.uint8)), tensor_name=name, blocking=True
+        tf.constant(np.frombuffer(payload, np.uint8)), tensor_name=name, blocking=True, execution=_execution()
     )
     return gathered.numpy().tobytes()
 
@@ -627,6 +667,7 @@ def barrier(name=None):
         tensor_name=_tensor_name("barrier", name),
         reduce_op=int(Sum),
         blocking=tf.executing_eagerly(),
+        execution=_execution(),
     )
 
 
@@ -699,9 +740,9 @@ def _allreduce_grad(op, *grads):
     reduce_op = ReduceOp(op.get_attr("reduce_op"))
     if reduce_op not in (Sum, Average):
         raise ValueError(f"kerasdist.allreduce with op={reduce_op.name} has no gradient; use Sum or Average")
-    prescale, postscale, _ = op.inputs[-3:]
+    prescale, postscale = op.inputs[-4:-2]  # inputs end with prescale, postscale, name, execution
     summed = grouped_allreduce(list(grads), reduce_op, prescale_factor=prescale, postscale_factor=postscale)
-    return summed + [None, None, None]
+    return summed + [None, None, None, None]
 
 
 @tf.RegisterGradient("KerasdistAllgather")
@@ -710,7 +751,7 @@ def _allgather_grad(op, grad):
     rows = allgather(tf.shape(op.inputs[0], out_type=tf.int64)[:1])
     rank = runtime.state().rank
     start = tf.reduce_sum(rows[:rank])
-    return [summed[start : start + rows[rank]], None]
+    return [summed[start : start + rows[rank]], None, None]
 
 
 @tf.RegisterGradient("KerasdistBroadcast")
@@ -718,7 +759,7 @@ def _broadcast_grad(op, grad):
     summed = allreduce(grad, op=Sum)
     if runtime.state().rank != op.get_attr("root_rank"):
         summed = tf.zeros_like(summed)
-    return [summed, None]
+    return [summed, None, None]
 
 
 @tf.RegisterGradient("KerasdistReducescatter")
@@ -730,10 +771,10 @@ def _reducescatter_grad(op, grad):
     if reduce_op == Average:
         scale /= runtime.state().size
     gathered = allgather(grad)
-    return [gathered * tf.cast(scale, gathered.dtype), None, None, None]
+    return [gathered * tf.cast(scale, gathered.dtype), None, None, None, None]
 
 
 @tf.RegisterGradient("KerasdistAlltoall")
 def _alltoall_grad(op, grad, _):
     returned, _ = _alltoall(grad, op.outputs[1], None)
-    return [returned, None, None]
+    return [returned, None, None, None]

@@ -165,3 +165,34 @@ def test_enclosing_function_graph_looks_past_cond_and_while_loop_graphs():
     traced(tf.constant(1.0))
     assert seen["function"].name == "traced"
     assert seen["cond"] is seen["function"] and seen["while"] is seen["function"]
+
+
+def test_is_function_graph_tells_a_tf_function_graph_from_a_tf1_graph():
+    seen = {}
+
+    @tf.function
+    def traced():
+        seen["function"] = _compat.is_function_graph(tf.compat.v1.get_default_graph())
+        return tf.constant(0)
+
+    traced()
+    assert seen["function"] is True
+    with tf.Graph().as_default() as graph:
+        assert _compat.is_function_graph(graph) is False
+
+
+def test_source_stack_shows_autograph_converted_code_at_the_users_own_line():
+    import inspect
+
+    stacks = []
+
+    @tf.function
+    def traced(x):
+        for _ in tf.range(2):  # AutoGraph turns the loop body into generated code
+            stacks.append(_compat.source_stack())
+            x = x + 1
+        return x
+
+    traced(tf.constant(0))
+    line = inspect.getsourcelines(traced.python_function)[1] + 3
+    assert (__file__, line) in stacks[0], stacks[0][-4:]

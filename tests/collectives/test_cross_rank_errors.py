@@ -14,6 +14,7 @@ asserting, so a failing test leaves the ranks in step for the next one.
 
 import pickle
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -55,6 +56,55 @@ def test_an_extra_eager_call_on_one_rank_fails_every_rank_instead_of_shifting_th
     message = error.message
     assert "rank 0 waits in 'allreduce@test_cross_rank_errors.py:" in message, message
     assert f"{_ranks_phrase(list(range(1, SIZE)))} wait" in message, message
+
+
+@needs_two_ranks
+def test_a_collective_skipped_inside_a_tf_function_fails_every_rank_instead_of_pairing_the_next_call():
+    # Names inside a tf.function are fixed per trace: only the count of calls tells call 1 from 2.
+    @tf.function
+    def step_that_one_rank_skips_once(x, go):
+        return tf.cond(go, lambda: kd.allreduce(x, op=kd.Sum), lambda: tf.fill([1], -1.0))
+
+    results, error = [], None
+    for step in range(4):
+        skips = DEVIATES and step == 1
+        try:
+            out = step_that_one_rank_skips_once(tf.constant([100.0 * step + RANK]), tf.constant(not skips))
+        except tf.errors.OpError as caught:
+            error = caught
+            break
+        if not skips:
+            results.append((step, float(out[0])))
+    assert_world_still_works()
+    # Every result a rank got is the true sum of that step over every rank.
+    for step, value in results:
+        assert value == 100.0 * step * SIZE + SIZE * (SIZE - 1) / 2, f"rank {RANK}: step {step} gave {value}"
+    assert isinstance(error, tf.errors.FailedPreconditionError), f"rank {RANK}: {error!r}, results {results}"
+    assert "was submitted from different calls of the tf.function that contains it" in error.message
+    # The name points at this file's line, not at AutoGraph's generated code.
+    assert "allreduce@step_that_one_rank_skips_once/test_cross_rank_errors.py:" in error.message, error.message
+    assert f"rank {LAST} is in call 2" in error.message, error.message
+
+
+@needs_two_ranks
+def test_a_rank_in_a_traced_step_and_one_in_an_eager_call_fail_within_seconds_naming_the_cause():
+    @tf.function
+    def training_step(x):
+        return kd.allreduce(x, op=kd.Sum)
+
+    training_step(tf.constant([1.0]))  # every rank once: the step's collective is cached
+    started = time.monotonic()
+    if DEVIATES:  # left the training loop early, as a stop decided on one rank does
+        _, error = _call_catching(lambda: kd.allreduce(tf.constant([2.0]), name="after_training", op=kd.Sum))
+    else:
+        _, error = _call_catching(lambda: training_step(tf.constant([1.0])))
+    waited = time.monotonic() - started
+    assert_world_still_works()
+    assert isinstance(error, tf.errors.FailedPreconditionError), f"rank {RANK}: {error!r}"
+    assert "wait inside a tf.function call" in error.message and "different numbers of steps" in error.message
+    assert "'after_training'" in error.message and "allreduce@training_step/" in error.message, error.message
+    # The mismatch timeout (5 s) plus a cycle, not the stall timeout (60 s here).
+    assert waited < 30, f"rank {RANK} waited {waited:.1f} s"
 
 
 @needs_two_ranks

@@ -53,11 +53,12 @@ def _centring_model(keras):
 
 
 def _collective_names(concrete_function):
-    """The names the engine negotiates: the op's name input, or where empty its node name."""
+    """The names the engine negotiates: the op's name input (before the call count), or where
+    empty its node name."""
     return sorted(
-        tf.get_static_value(op.inputs[-1]).item().decode() or op.name
+        tf.get_static_value(op.inputs[-2]).item().decode() or op.name
         for op in concrete_function.graph.get_operations()
-        if op.type.startswith("Kerasdist")
+        if op.type.startswith("Kerasdist") and op.type != "KerasdistExecutionCount"
     )
 
 

@@ -91,6 +91,13 @@ struct Request {
   // Non-empty: this rank could not run the collective (bad input). The request carries no
   // data; negotiating it tells the other ranks, which then fail the same call with this text.
   std::string error;
+  // Inside a tf.function: which call of that function this rank is in (the front end counts
+  // the calls per function). A graph names its collectives once per trace, so without it a call
+  // skipped on one rank (under tf.cond) would pair the next call's request with the others'
+  // current one. -1 for eager calls, whose names already differ per call.
+  int64_t execution = -1;
+  // Seconds this rank had waited for the request when it sent it to rank 0.
+  double waited_s = 0.0;
 };
 
 // Rank 0's answer for one name, identical on every rank.

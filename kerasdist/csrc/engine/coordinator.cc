@@ -85,11 +85,14 @@ void Coordinator::Step(const std::vector<std::vector<char>>& messages, std::vect
       std::string name = request->name;
       auto [it, fresh] = table_.try_emplace(name);
       Negotiation& n = it->second;
+      // The wait counts from the earliest rank's call, not from when rank 0 first heard of it.
+      const auto called = now - std::chrono::duration_cast<Clock::duration>(
+                                    std::chrono::duration<double>(request->waited_s));
       if (fresh) {
         n.by_rank.resize(size_);
-        n.first_seen = now;
-        n.last_warning = now;
+        n.first_seen = called;
       }
+      n.first_seen = std::min(n.first_seen, called);
       if (!n.by_rank[r]) ++n.count;
       n.by_rank[r] = std::move(request);
       if (n.count == size_) completed.push_back(name);
@@ -192,7 +195,9 @@ Response Coordinator::Complete(const std::string& name, std::vector<int32_t>* ev
     response.zero_ranks = std::move(zero_ranks);
     Request spec = *sent;
     spec.blocking = false;
-    response.spec = RequestSignature(spec);
+    ByteWriter bytes;
+    WriteRequest(bytes, spec);
+    response.spec.assign(bytes.bytes().begin(), bytes.bytes().end());
   }
   return response;
 }
@@ -226,6 +231,20 @@ Response Coordinator::Validate(const std::string& name, const std::vector<const 
     return response;
   }
 
+  auto executions = per_rank([](const Request& r) {
+    return r.execution < 0 ? std::string("an eager call") : "call " + std::to_string(r.execution);
+  });
+  if (disagree(executions)) {
+    response.status = Status::FailedPrecondition(
+        "kerasdist: '" + name + "' was submitted from different calls of the tf.function that contains it: " +
+        DescribeDisagreement(executions, "is in", "are in") +
+        " (calls of that function counted on each rank). A rank skipped this collective in an earlier call, or "
+        "called the function a different number of times: a tf.cond whose branches differ in their collectives "
+        "and whose condition differs between ranks (a loss-scale optimizer skipping a step on one rank, a "
+        "check of local data), or a loop with a different trip count per rank. Every rank must run the same "
+        "collectives in every call of a tf.function; decide such conditions from allreduced values.");
+    return response;
+  }
   auto kinds = per_rank([](const Request& r) { return std::string(OpKindName(r.kind)); });
   if (disagree(kinds)) return fail("collective", kinds, "Every rank must call the same op for one name.");
   auto devices = per_rank([](const Request& r) { return std::string("a tensor on ") + DeviceName(r.device); });
@@ -282,8 +301,7 @@ Response Coordinator::Validate(const std::string& name, const std::vector<const 
 void Coordinator::WarnAboutStalls(Clock::time_point now) {
   if (options_.stall_warning_s <= 0) return;
   for (auto& [name, n] : table_) {
-    if (Seconds(now - n.last_warning) < options_.stall_warning_s / 2 ||
-        Seconds(now - n.first_seen) < options_.stall_warning_s / 2) {
+    if (Seconds(now - n.last_warning) < options_.stall_warning_s || Seconds(now - n.first_seen) < options_.stall_warning_s) {
       continue;
     }
     std::string missing, present, elsewhere;
@@ -296,8 +314,7 @@ void Coordinator::WarnAboutStalls(Clock::time_point now) {
     }
     Log(2, "stall: '%s' was submitted by rank(s) %s but not by rank(s) %s (waiting %.0f s)%s. "
            "Ranks must run the same collectives.",
-        name.c_str(), present.c_str(), missing.c_str(), Seconds(now - n.first_seen) + options_.stall_warning_s / 2,
-        elsewhere.c_str());
+        name.c_str(), present.c_str(), missing.c_str(), Seconds(now - n.first_seen), elsewhere.c_str());
     n.last_warning = now;
   }
 }
@@ -330,13 +347,31 @@ void Coordinator::FailMismatchedWaits(std::vector<Response>* responses) {
   if (described.empty()) described = "every rank waits in " + waits[0];
   std::ostringstream timeout;
   timeout << options_.mismatch_timeout_s;
+  // Which ranks wait inside a tf.function call (a training step) and which in eager calls.
+  std::vector<std::string> where(size_, "");
+  for (const auto& [name, n] : table_) {
+    for (int r = 0; r < size_; ++r) {
+      if (n.by_rank[r] && where[r].empty()) where[r] = n.by_rank[r]->execution >= 0 ? "graph" : "eager";
+    }
+  }
+  const bool graph_and_eager = std::count(where.begin(), where.end(), "graph") > 0 &&
+                               std::count(where.begin(), where.end(), "eager") > 0;
+  const std::string cause =
+      graph_and_eager
+          ? " Some ranks wait inside a tf.function call (a training step) while others have left it for an "
+            "eager call: the ranks ran different numbers of steps. Common causes: training stopped on some "
+            "ranks only (model.stop_training, TerminateOnNaN or EarlyStopping deciding on one rank's data: "
+            "kerasdist.callbacks() makes Keras's own stops agree, a callback of your own must decide from "
+            "allreduced values), a tf.data pipeline (filter, take_while, unequal files) that gives ranks "
+            "different numbers of batches (give every rank the same number of steps, or call "
+            "kerasdist.join() after the last one), or a custom loop that runs one more batch on one rank."
+          : " Every rank must make the same collective calls in the same order; a call made on some ranks "
+            "only (for example under `if rank == 0:`) pairs with nothing. Unnamed eager calls are named by "
+            "file:line and a count of calls there, so calls from different lines never pair: pass the same "
+            "name= to calls that belong together.";
   const Status status = Status::FailedPrecondition(
       "kerasdist: the ranks are blocked in different collectives, so none of them can complete: " +
-      described +
-      ". Every rank must make the same collective calls in the same order; a call made on some ranks "
-      "only (for example under `if rank == 0:`) pairs with nothing. Unnamed eager calls are named by "
-      "file:line and a count of calls there, so calls from different lines never pair: pass the same "
-      "name= to calls that belong together. (Found after every rank waited " + timeout.str() +
+      described + "." + cause + " (Found after every rank waited " + timeout.str() +
       " s; KERASDIST_MISMATCH_TIMEOUT_S sets this.)");
   for (const auto& [name, n] : table_) {
     Response response;

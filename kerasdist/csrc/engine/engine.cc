@@ -12,9 +12,14 @@ namespace {
 
 constexpr uint64_t kNobodyReports = 1;   // word 0, bit 0 (AND: set only if no rank reports)
 constexpr uint64_t kNobodyStops = 2;     // word 0, bit 1
-// Word 0, bit 2: set by a rank whose pending requests all block their callers (or are failures
-// it reported), so it can submit nothing new; after the AND, set when every rank is so stuck.
+// Word 0, bit 2: set by a rank that can submit nothing new: its pending requests all block their
+// callers (eager calls), wait inside a tf.function call, or are failures it reported. After the
+// AND, set when every rank is so stuck.
 constexpr uint64_t kAllWaiting = 4;
+// Word 0, bit 3: set unless this rank is blocked in eager calls alone. After the AND, clear when
+// some rank is. Ranks that all wait inside graphs may just be running them in different orders;
+// once one rank waits in an eager call, the others' graphs can only finish with it, so nobody can.
+constexpr uint64_t kNobodyBlockedEagerly = 8;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
 
 int64_t RowElements(const Shape& shape) {  // values in one row: the product of every dim but the first
@@ -268,17 +273,21 @@ bool Engine::RunCycle(bool* progress) {
   std::vector<uint64_t> bits(words_, 0);
   std::vector<int32_t> invalidations;
   bool report = false;
-  bool any_blocking = false, none_free = true;
+  bool any_blocking = false, none_free = true, none_free_of_graph = true;
   for (auto& [name, e] : pending_) {
     any_blocking |= e->request.blocking;
     none_free &= e->request.blocking || !e->request.error.empty();
+    none_free_of_graph &= e->request.blocking || !e->request.error.empty() || e->request.execution >= 0;
     if (e->reported) continue;
     const int32_t id = cache_.Find(name);
     if (id >= 0) {
       const double waited = Seconds(now - e->enqueued);
+      // A graph's request waits while its rank's thread is inside the function call, so, like
+      // a blocking one, it must reach rank 0 for a mismatch with an eager call to be seen.
+      const bool caller_waits = e->request.blocking || e->request.execution >= 0;
       bool stale = (options_.stall_warning_s > 0 && waited > stale_s) ||
-                   (e->request.blocking && options_.mismatch_timeout_s > 0 && waited > blocking_stale_s);
-      if (cache_.Matches(id, e->signature) && !stale) {
+                   (caller_waits && options_.mismatch_timeout_s > 0 && waited > blocking_stale_s);
+      if (cache_.Matches(id, e->signature) && cache_.Follows(id, e->request.execution) && !stale) {
         if (!any_joined_) {
           int bit = kFlagBits + id;
           bits[bit / 64] |= uint64_t{1} << (bit % 64);
@@ -286,7 +295,8 @@ bool Engine::RunCycle(bool* progress) {
         }
         // Some rank has joined: rank 0 must see who sent it; the slot stays valid.
       } else {
-        // Changed request, or waiting long enough that rank 0 should see who is missing.
+        // Changed request, another call of its tf.function than the slot expects, or waiting
+        // long enough that rank 0 should see who is missing.
         invalidations.push_back(id);
       }
     }
@@ -295,7 +305,9 @@ bool Engine::RunCycle(bool* progress) {
   if (coordinator_ && coordinator_->ReportDue(now)) report = true;
   if (!report) bits[0] |= kNobodyReports;
   if (!shutting_down) bits[0] |= kNobodyStops;
-  if (any_blocking && none_free) bits[0] |= kAllWaiting;
+  const bool blocked_eagerly = any_blocking && none_free;
+  if (blocked_eagerly || (!pending_.empty() && none_free_of_graph)) bits[0] |= kAllWaiting;
+  if (!blocked_eagerly) bits[0] |= kNobodyBlockedEagerly;
 
   MPI_Request request;
   int code = MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(words_), MPI_UINT64_T,
@@ -311,11 +323,14 @@ bool Engine::RunCycle(bool* progress) {
 
   std::vector<Ready> ready;
   const auto negotiated = Clock::now();
-  if (coordinator_) coordinator_->NoteAllWaiting(bits[0] & kAllWaiting, negotiated);
+  if (coordinator_) {
+    coordinator_->NoteAllWaiting((bits[0] & kAllWaiting) && !(bits[0] & kNobodyBlockedEagerly), negotiated);
+  }
   for (size_t w = 1; w < words_; ++w) {
     for (uint64_t word = bits[w]; word; word &= word - 1) {
       int32_t id = static_cast<int32_t>((w * 64 + __builtin_ctzll(word)) - kFlagBits);
       auto it = pending_.find(cache_.name(id));
+      cache_.Ran(id, it->second->request.execution);
       ready.push_back({it->second.get(), cache_.response(id), negotiated});
     }
   }
@@ -349,7 +364,9 @@ bool Engine::SlowPath(const std::vector<int32_t>& invalidations, std::vector<Rea
     reporting.push_back(e.get());
   }
   out.Put<uint32_t>(static_cast<uint32_t>(reporting.size()));
+  const auto now = Clock::now();
   for (Collective* e : reporting) {
+    e->request.waited_s = Seconds(now - e->enqueued);
     WriteRequest(out, e->request);
     e->reported = true;
   }
@@ -399,7 +416,10 @@ bool Engine::SlowPath(const std::vector<int32_t>& invalidations, std::vector<Rea
   cache_.Evict(evicted);
   for (const Response& r : responses) {
     // A cached response pairs requests every rank sent, so this rank has it pending.
-    if (r.cache_id >= 0) cache_.Insert(r, pending_.at(r.name)->signature);
+    if (r.cache_id >= 0) {
+      const Collective& mine = *pending_.at(r.name);
+      cache_.Insert(r, mine.request, mine.signature);
+    }
   }
 
   const auto negotiated = Clock::now();

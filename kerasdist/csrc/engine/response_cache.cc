@@ -25,13 +25,14 @@ void ResponseCache::Evict(const std::vector<int32_t>& ids) {
   }
 }
 
-void ResponseCache::Insert(const Response& response, const std::string& signature) {
+void ResponseCache::Insert(const Response& response, const Request& request, const std::string& signature) {
   Slot& slot = slots_[response.cache_id];
   if (slot.used) ids_.erase(slot.name);
   slot.used = true;
   slot.name = response.name;
   slot.signature = signature;
   slot.response = response;
+  slot.execution = request.execution;
   ids_[response.name] = response.cache_id;
 }
 

@@ -24,11 +24,20 @@ class ResponseCache {
   const Response& response(int32_t id) const { return slots_[id].response; }
   // True when this rank sends what it sent when the slot was filled.
   bool Matches(int32_t id, const std::string& signature) const { return slots_[id].signature == signature; }
+  // True when a request of `execution` may take the fast path: an eager one (-1), or one from
+  // the call of its tf.function right after the call that last ran this slot. Any other call
+  // (a skipped one on some rank, or a repeat in a loop) goes to rank 0, which compares every
+  // rank's call number.
+  bool Follows(int32_t id, int64_t execution) const {
+    return execution < 0 || execution == slots_[id].execution + 1;
+  }
+  // The slot ran for a request of `execution` (every rank records the same number).
+  void Ran(int32_t id, int64_t execution) { slots_[id].execution = execution; }
 
   // Every rank, each cycle, evictions first: a freed slot may be refilled in the same cycle.
   void Evict(const std::vector<int32_t>& ids);
-  // `response.cache_id` names the slot; `signature` is this rank's own request.
-  void Insert(const Response& response, const std::string& signature);
+  // `response.cache_id` names the slot; `request` is this rank's own, with its `signature`.
+  void Insert(const Response& response, const Request& request, const std::string& signature);
 
   // Rank 0, which assigns the slots.
   bool used(int32_t id) const { return slots_[id].used; }
@@ -43,6 +52,7 @@ class ResponseCache {
     std::string name;
     std::string signature;
     Response response;
+    int64_t execution = -1;  // the tf.function call that last ran it (-1: eager)
   };
   std::vector<Slot> slots_;
   std::unordered_map<std::string, int32_t> ids_;

@@ -2,7 +2,10 @@
 
 namespace kerasdist {
 
-void WriteRequest(ByteWriter& w, const Request& r) {
+namespace {
+
+// The fields every rank must send alike for a name: all but the execution and the wait.
+void WriteSignature(ByteWriter& w, const Request& r) {
   w.PutString(r.name);
   w.Put<uint8_t>(static_cast<uint8_t>(r.kind));
   w.Put<uint8_t>(static_cast<uint8_t>(r.reduce_op));
@@ -19,6 +22,14 @@ void WriteRequest(ByteWriter& w, const Request& r) {
   w.Put<uint8_t>(static_cast<uint8_t>(r.device));
   w.Put<uint8_t>(r.blocking ? 1 : 0);
   w.PutString(r.error);
+}
+
+}  // namespace
+
+void WriteRequest(ByteWriter& w, const Request& r) {
+  WriteSignature(w, r);
+  w.Put<int64_t>(r.execution);
+  w.Put<double>(r.waited_s);
 }
 
 Request ReadRequest(ByteReader& in) {
@@ -39,6 +50,8 @@ Request ReadRequest(ByteReader& in) {
   r.device = static_cast<Device>(in.Get<uint8_t>());
   r.blocking = in.Get<uint8_t>() != 0;
   r.error = in.GetString();
+  r.execution = in.Get<int64_t>();
+  r.waited_s = in.Get<double>();
   return r;
 }
 
@@ -72,7 +85,7 @@ Response ReadResponse(ByteReader& in) {
 
 std::string RequestSignature(const Request& r) {
   ByteWriter w;
-  WriteRequest(w, r);
+  WriteSignature(w, r);
   return std::string(w.bytes().begin(), w.bytes().end());
 }
 

@@ -4,9 +4,12 @@
 // any order instead of serializing them like other stateful ops. `blocking` is true for eager
 // calls, whose thread waits for that op alone: the engine uses it to tell ranks stuck in
 // mismatched calls from ranks that are merely late.
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -107,8 +110,9 @@ class CollectiveKernel : public AsyncOpKernel {
     Request request;
     request.kind = kind_;
     // kerasdist.ops names every call; the node name serves graphs built without it.
-    const std::string given(ctx->input(ctx->num_inputs() - 1).scalar<::tensorflow::tstring>()());
+    const std::string given(ctx->input(ctx->num_inputs() - 2).scalar<::tensorflow::tstring>()());
     request.name = given.empty() ? name() : given;
+    request.execution = ctx->input(ctx->num_inputs() - 1).scalar<int64_t>()();
     request.blocking = blocking_;
     std::vector<const void*> inputs;
     std::vector<void*> outputs;
@@ -215,11 +219,11 @@ class CollectiveKernel : public AsyncOpKernel {
 #endif
 };
 
-// Inputs end with (..., prescale_factor, postscale_factor, tensor_name). The factors are
-// float64 tensors, not float attrs, so float64 data is scaled exactly.
+// Inputs end with (..., prescale_factor, postscale_factor, tensor_name, execution). The factors
+// are float64 tensors, not float attrs, so float64 data is scaled exactly.
 class ReducingKernel : public CollectiveKernel {
  public:
-  static constexpr int kTrailingInputs = 3;
+  static constexpr int kTrailingInputs = 4;
 
   ReducingKernel(OpKernelConstruction* ctx, OpKind kind) : CollectiveKernel(ctx, kind) {
     int op = 0;
@@ -232,8 +236,8 @@ class ReducingKernel : public CollectiveKernel {
  protected:
   void SetReduction(OpKernelContext* ctx, Request* request) const {
     request->reduce_op = reduce_op_;
-    request->prescale = ctx->input(ctx->num_inputs() - 3).scalar<double>()();
-    request->postscale = ctx->input(ctx->num_inputs() - 2).scalar<double>()();
+    request->prescale = ctx->input(ctx->num_inputs() - 4).scalar<double>()();
+    request->postscale = ctx->input(ctx->num_inputs() - 3).scalar<double>()();
   }
 
  private:
@@ -335,6 +339,34 @@ class AlltoallKernel : public CollectiveKernel {
   }
 };
 
+// Counts the calls of one tf.function on this rank (the `function` attr names it): the front end
+// adds one to every traced function that holds a collective, and its collectives carry the
+// count, so the engine can tell one call's requests from the next call's.
+class ExecutionCountKernel : public ::tensorflow::OpKernel {
+ public:
+  explicit ExecutionCountKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("function", &function_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<int64_t>()() = Next(function_);
+  }
+
+ private:
+  // Per function name, not per kernel: a retrace (a new graph, new kernels) continues the count,
+  // so ranks that retrace at different calls still agree on it.
+  static int64_t Next(const std::string& function) {
+    static std::mutex mu;
+    static auto* counts = new std::map<std::string, int64_t>();
+    std::lock_guard<std::mutex> lock(mu);
+    return (*counts)[function]++;
+  }
+
+  std::string function_;
+};
+
 absl::Status SameShape(InferenceContext* c) {
   for (int i = 0; i < c->num_outputs(); ++i) c->set_output(i, c->input(i));
   return absl::OkStatus();
@@ -362,6 +394,7 @@ REGISTER_OP("KerasdistAllreduce")
     .Input("prescale_factor: double")
     .Input("postscale_factor: double")
     .Input("tensor_name: string")
+    .Input("execution: int64")
     .Output("outputs: T")
     .SetIsStateful()
     .SetShapeFn(kerasdist::SameShape)
@@ -372,6 +405,7 @@ REGISTER_OP("KerasdistAllgather")
     .Attr("T: " KD_ANY)
     .Input("tensor: T")
     .Input("tensor_name: string")
+    .Input("execution: int64")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(kerasdist::UnknownFirstDim)
@@ -383,6 +417,7 @@ REGISTER_OP("KerasdistBroadcast")
     .Attr("root_rank: int")
     .Input("tensor: T")
     .Input("tensor_name: string")
+    .Input("execution: int64")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(kerasdist::SameShape)
@@ -396,6 +431,7 @@ REGISTER_OP("KerasdistReducescatter")
     .Input("prescale_factor: double")
     .Input("postscale_factor: double")
     .Input("tensor_name: string")
+    .Input("execution: int64")
     .Output("output: T")
     .SetIsStateful()
     .SetShapeFn(kerasdist::UnknownFirstDim)
@@ -407,6 +443,7 @@ REGISTER_OP("KerasdistAlltoall")
     .Input("tensor: T")
     .Input("splits: int32")
     .Input("tensor_name: string")
+    .Input("execution: int64")
     .Output("output: T")
     .Output("received_splits: int32")
     .SetIsStateful()
@@ -417,6 +454,15 @@ REGISTER_OP("KerasdistAlltoall")
     })
     .Doc("Sends splits[j] rows to rank j; returns the rows received, in source-rank order.");
 
+REGISTER_OP("KerasdistExecutionCount")
+    .Attr("function: string")
+    .Output("count: int64")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("How many calls of the named tf.function this rank made before this one.");
+
+REGISTER_KERNEL_BUILDER(Name("KerasdistExecutionCount").Device(::tensorflow::DEVICE_CPU),
+                        kerasdist::ExecutionCountKernel);
 REGISTER_KERNEL_BUILDER(Name("KerasdistAllreduce").Device(::tensorflow::DEVICE_CPU), kerasdist::AllreduceKernel);
 REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(::tensorflow::DEVICE_CPU), kerasdist::AllgatherKernel);
 REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(::tensorflow::DEVICE_CPU), kerasdist::BroadcastKernel);
@@ -429,22 +475,22 @@ REGISTER_KERNEL_BUILDER(Name("KerasdistAllreduce")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("prescale_factor")
                             .HostMemory("postscale_factor")
-                            .HostMemory("tensor_name"),
+                            .HostMemory("tensor_name").HostMemory("execution"),
                         kerasdist::AllreduceKernel);
-REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(::tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+REGISTER_KERNEL_BUILDER(Name("KerasdistAllgather").Device(::tensorflow::DEVICE_GPU).HostMemory("tensor_name").HostMemory("execution"),
                         kerasdist::AllgatherKernel);
-REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(::tensorflow::DEVICE_GPU).HostMemory("tensor_name"),
+REGISTER_KERNEL_BUILDER(Name("KerasdistBroadcast").Device(::tensorflow::DEVICE_GPU).HostMemory("tensor_name").HostMemory("execution"),
                         kerasdist::BroadcastKernel);
 REGISTER_KERNEL_BUILDER(Name("KerasdistReducescatter")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("prescale_factor")
                             .HostMemory("postscale_factor")
-                            .HostMemory("tensor_name"),
+                            .HostMemory("tensor_name").HostMemory("execution"),
                         kerasdist::ReducescatterKernel);
 REGISTER_KERNEL_BUILDER(Name("KerasdistAlltoall")
                             .Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("splits")
-                            .HostMemory("tensor_name")
+                            .HostMemory("tensor_name").HostMemory("execution")
                             .HostMemory("received_splits"),
                         kerasdist::AlltoallKernel);
 #endif
