@@ -21,6 +21,7 @@ from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRate
 from kerasdist.callbacks.metric_average import MetricAverage, local_metrics
 from kerasdist.callbacks.model_averaging import ModelAveraging
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
+from kerasdist.callbacks.stop_agreement import StopAgreement
 from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "ModelAveraging",
     "Rank0Checkpoint",
     "Rank0ProgbarLogger",
+    "StopAgreement",
     "TrustRatioLogger",
     "default_callbacks",
     "local_metrics",
@@ -58,7 +60,8 @@ def default_callbacks(
     """The callbacks a distributed `model.fit` needs, in the order they must run.
 
     Always: `BroadcastGlobalState` (everyone starts from `root_rank`'s state), `MetricAverage`
-    (exact global logs) and a progress bar shown by `root_rank` only. On request: warmup,
+    (exact global logs), a progress bar shown by `root_rank` only and, last, `StopAgreement`
+    (when any rank stops training, every rank stops at the same batch). On request: warmup,
     rank-0 checkpoints (with resume), and TensorBoard / CSV logs that only `root_rank` writes.
     Callbacks that read the logs come after `MetricAverage`, so they see global values.
 
@@ -80,7 +83,9 @@ def default_callbacks(
         average_models_every: adds `ModelAveraging(average_models_every)` (local SGD: each
             rank trains alone and the ranks average their weights every so many steps; compile
             with the plain optimizer then, not `DistributedOptimizer`).
-        extra: more callbacks, placed after the metric averaging and before the loggers.
+        extra: more callbacks, placed after the metric averaging and before the loggers. Put
+            callbacks that may stop training (`TerminateOnNaN`, `EarlyStopping`) here, or before
+            this list: `StopAgreement` must run after them.
 
     Example:
 
@@ -119,6 +124,7 @@ def default_callbacks(
     if is_root and csv_path is not None:
         callbacks.append(keras.callbacks.CSVLogger(csv_path))
     callbacks.append(Rank0ProgbarLogger(root_rank))
+    callbacks.append(StopAgreement())  # last: it must see every stop the callbacks before it set
     return callbacks
 
 
