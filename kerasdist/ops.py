@@ -587,10 +587,16 @@ def _pickled(obj, name):
         _fail(_OpKind.ALLGATHER, name, error)
 
 
-def _allgather_bytes(payload, name):
-    gathered = _ops().kerasdist_allgather(
-        tf.constant(np.frombuffer(payload, np.uint8)), tensor_name=name, blocking=True, execution=_execution()
-    )
+def _allgather_bytes(payload, name, what):
+    """The bytes of every rank's `payload`, for the object collective `what`, which travels as an
+    allgather: the engine's errors name that allgather, so they are said again naming `what`."""
+    try:
+        gathered = _ops().kerasdist_allgather(
+            tf.constant(np.frombuffer(payload, np.uint8)), tensor_name=name, blocking=True, execution=_execution()
+        )
+    except tf.errors.OpError as error:
+        message = error.message.replace(f"allgather '{name}'", f"{what} '{name}'")
+        raise type(error)(error.node_def, error.op, message) from None
     return gathered.numpy().tobytes()
 
 
@@ -615,7 +621,7 @@ def broadcast_object(obj, root_rank=0, name=None):
         root_rank = _check_rank(root_rank, "root_rank", "broadcast_object", _OpKind.ALLGATHER, name)
         is_root = runtime.state().rank == root_rank
         payload = _pickled(obj, name) if is_root else b""
-        received = _allgather_bytes(payload, name)  # the root's bytes: the others send none
+        received = _allgather_bytes(payload, name, "broadcast_object")  # the root's bytes: the others send none
     return obj if is_root else pickle.loads(received)
 
 
@@ -637,7 +643,7 @@ def allgather_object(obj, name=None):
     with tf.init_scope():
         name = _tensor_name("allgather_object", name)
         payload = _pickled(obj, name)
-        received = _allgather_bytes(_LENGTH.pack(len(payload)) + payload, name)
+        received = _allgather_bytes(_LENGTH.pack(len(payload)) + payload, name, "allgather_object")
     objects, offset = [], 0
     for _ in range(runtime.state().size):
         (length,) = _LENGTH.unpack_from(received, offset)

@@ -158,6 +158,18 @@ def test_what_a_joined_rank_cannot_contribute_to_fails_on_every_rank_that_calls_
         assert any(op in error.message for op in ("allgather", "broadcast", "op Min")), error.message
 
 
+@needs_two_ranks
+def test_an_object_collective_refused_while_a_rank_has_joined_is_named_as_the_user_called_it():
+    error = None
+    if RANK != 0:
+        _, error = _call_catching(lambda: kd.broadcast_object({"lr": 0.1}, root_rank=SIZE - 1, name="settings"))
+    kd.join()
+    assert_world_still_works()
+    if RANK != 0:
+        assert isinstance(error, tf.errors.FailedPreconditionError), f"rank {RANK}: {error!r}"
+        assert "cannot run broadcast_object 'settings'" in error.message, error.message
+
+
 def test_join_inside_a_tf_function_is_refused():
     with pytest.raises(RuntimeError, match="eagerly only"):
         tf.function(kd.join)()
