@@ -35,7 +35,8 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     """Saves the model at the end of epochs from one rank, atomically, and resumes from it.
 
     Only `root_rank` writes (the other ranks never touch `directory`, not even to create it), and
-    saving runs no collective, so the other ranks go on training meanwhile. Each checkpoint is a
+    saving runs no collective (except the gather of per-rank state below), so the other ranks go
+    on training meanwhile. Each checkpoint is a
     complete `.keras` file (`model.save`: architecture, weights and optimizer state, including a
     `kerasdist.DistributedOptimizer` and the optimizer it wraps). It is written under a temporary
     name, flushed to disk and renamed into place, and only then recorded as the latest in
@@ -57,6 +58,15 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     `keras.callbacks.BackupAndRestore`); passing `initial_epoch=checkpoint.initial_epoch` to `fit`
     as well says so explicitly. The best monitored value is restored too, so `save_best_only`
     goes on comparing against the best value of the interrupted run.
+
+    Some optimizer state differs between ranks: a `DistributedOptimizer`'s partial sums with
+    `backward_passes_per_step`, the gradients `delay_gradients` holds, the `one_bit_gradients`
+    residuals. With `resume=True` every rank sends its part to `root_rank` at each epoch end (a
+    collective every rank reaches, since every rank constructed the callback), each checkpoint
+    stores every rank's part, and on resume each rank gets its own back: the run continues exactly
+    as an uninterrupted one. A checkpoint saved without `resume` (which gathers nothing) or by
+    another number of ranks cannot give each rank its part: that state then starts afresh (an
+    empty window, nothing held, zero residuals), with a warning on `root_rank`.
 
     Without `resume`, nothing here is a collective: build it on every rank, or on `root_rank`
     alone as Horovod's recipe does (`if rank == 0: callbacks.append(...)`). A directory

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
 
@@ -114,7 +115,9 @@ def _fail_collective(name):
     return fail
 
 
-def test_only_the_root_writes_and_saving_runs_no_collective(shared_dir, monkeypatch):
+# Without resume nothing is gathered, also when the optimizer keeps per-rank state.
+@pytest.mark.parametrize("options", [{}, {"delay_gradients": True}], ids=["plain", "delay_gradients"])
+def test_only_the_root_writes_and_saving_runs_no_collective(shared_dir, monkeypatch, options):
     own_dir = shared_dir / f"rank{RANK}"  # only rank 0's may ever appear
     checkpoint = Rank0Checkpoint(own_dir)
     save = checkpoint.on_epoch_end
@@ -124,7 +127,7 @@ def test_only_the_root_writes_and_saving_runs_no_collective(shared_dir, monkeypa
             save(epoch, logs)
 
     checkpoint.on_epoch_end = save_without_collectives
-    fit(make_model(), epochs=2, callbacks=[checkpoint])
+    fit(make_model(**options), epochs=2, callbacks=[checkpoint])
 
     listings = kd.allgather_object(sorted(os.listdir(own_dir)) if own_dir.exists() else None)
     assert listings[0] == [STATE_FILENAME, "epoch0001.keras", "epoch0002.keras"]
@@ -240,7 +243,11 @@ class _StateAtTrainBegin(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self.values = state_values(self.model)
+        self.weights = [w.numpy() for w in self.model.weights]
         self.iterations = iterations(self.model)
+        optimizer = self.model.optimizer
+        self.per_rank_values = [v.numpy() for v in optimizer.per_rank_variables()]
+        self.micro_step = int(optimizer._micro_step.numpy())
 
 
 def test_resume_restores_every_rank_and_continues_like_an_uninterrupted_run(shared_dir):
@@ -298,6 +305,30 @@ def test_resume_gives_each_rank_its_own_optimizer_state_and_continues_like_an_un
         np.testing.assert_array_equal(restored, expected)
     for now, expected in zip(state_values(model), state_values(uninterrupted), strict=True):
         np.testing.assert_allclose(now, expected, rtol=0, atol=1e-6)
+
+
+@needs_two_ranks
+def test_a_checkpoint_with_the_roots_part_only_starts_the_per_rank_state_afresh_and_says_so(shared_dir):
+    options = PER_RANK_STATE["accumulation_across_the_epoch_end"]
+    saved = make_model(**options)
+    fit(saved, epochs=1, callbacks=[Rank0Checkpoint(shared_dir)])  # without resume: nothing gathered
+    assert int(saved.optimizer._micro_step.numpy()) > 0  # the epoch ended inside a window
+    model = make_model(seed=100 + RANK, **options)
+    probe = _StateAtTrainBegin()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        fit(model, epochs=2, callbacks=[Rank0Checkpoint(shared_dir, resume=True), probe])
+    messages = [str(w.message) for w in caught if "starts afresh" in str(w.message)]
+
+    assert len(messages) == (1 if RANK == 0 else 0), messages
+    if RANK == 0:
+        assert "holds only the root's part" in messages[0] and "backward_passes_per_step" in messages[0]
+    # The window saved after the epoch's last step was not empty; on resume it is, on every rank.
+    assert probe.per_rank_values and probe.micro_step == 0
+    for partial in probe.per_rank_values:
+        np.testing.assert_array_equal(partial, np.zeros_like(partial))
+    for restored, expected in zip(probe.weights, saved.weights, strict=True):  # equal on every rank
+        np.testing.assert_array_equal(restored, expected.numpy())
 
 
 def test_a_root_rank_other_than_0_alone_writes_and_restores_every_rank(shared_dir):

@@ -5,6 +5,7 @@ import json
 import random
 import sys
 
+import pytest
 from launch_utils import LAUNCH_TEST_MARKS, SCRIPTS, run_job
 
 LAUNCHER = [sys.executable, "-m", "kerasdist.run"]
@@ -75,9 +76,52 @@ def test_training_killed_at_random_points_and_in_a_save_ends_with_the_uninterrup
     assert restarted.lines_with("WEIGHTS=") == uninterrupted.lines_with("WEIGHTS="), restarted.describe()
 
 
-def _uninterrupted_run(script, tmp_path):
+@pytest.mark.parametrize("mode", ["delay_gradients", "one_bit_gradients", "accumulation"])
+def test_a_restart_with_per_rank_optimizer_state_ends_with_the_uninterrupted_weights(tmp_path, mode):
+    """Held gradients, 1-bit residuals and a window of 3 micro-batches that spans the end of each
+    8-step epoch differ between the ranks; each rank must get its own back when the job resumes."""
+    script = SCRIPTS / "restart_training.py"
+    options = ["--per-rank-state", mode]
+    uninterrupted = _uninterrupted_run(script, tmp_path, options)
+    restarted = run_job(
+        [*LAUNCHER, "-np", "2", "--restarts", "1", script, tmp_path / "faulty", "2", *options],
+        tmp_path,
+        timeout=JOB_TIMEOUT_S,
+        script_name=script.name,
+    )
+    assert restarted.returncode == 0, restarted.describe()
+    assert restarted.lines_with("RESUMED_FROM=") == ["0", "0", "2", "2"], restarted.describe()
+    assert restarted.lines_with("WEIGHTS=") == uninterrupted.lines_with("WEIGHTS="), restarted.describe()
+
+
+def test_a_resume_on_another_number_of_ranks_starts_the_per_rank_state_afresh_and_says_so(tmp_path):
+    """As after a restart under --min-np: the 2 ranks' parts of the state belong to no rank of 1."""
+    script = SCRIPTS / "restart_training.py"
+    options = ["--per-rank-state", "accumulation", "--epochs"]
+    saved = run_job(
+        [*LAUNCHER, "-np", "2", script, tmp_path / "checkpoints", "-1", *options, "1"],
+        tmp_path,
+        timeout=JOB_TIMEOUT_S,
+        script_name=script.name,
+    )
+    assert saved.returncode == 0, saved.describe()
+    resumed = run_job(
+        [*LAUNCHER, "-np", "1", script, tmp_path / "checkpoints", "-1", *options, "2"],
+        tmp_path,
+        timeout=JOB_TIMEOUT_S,
+        script_name=script.name,
+    )
+    assert resumed.returncode == 0, resumed.describe()
+    assert resumed.lines_with("RESUMED_FROM=") == ["1"], resumed.describe()
+    assert "was saved by 2 rank(s) and this job runs 1, so each rank's own optimizer state" in resumed.output, (
+        resumed.describe()
+    )
+    assert "the partial gradient sums of backward_passes_per_step) starts afresh" in resumed.output, resumed.describe()
+
+
+def _uninterrupted_run(script, tmp_path, options=()):
     job = run_job(
-        [*LAUNCHER, "-np", "2", script, tmp_path / "plain", "-1"],
+        [*LAUNCHER, "-np", "2", script, tmp_path / "plain", "-1", *options],
         tmp_path,
         timeout=JOB_TIMEOUT_S,
         script_name=script.name,

@@ -1,31 +1,47 @@
 """fit with Rank0Checkpoint(resume=True); on the job's first attempt (KERASDIST_RESTART=0) rank 1
-raises in the middle of epoch argv[2] (-1: never). argv[1]: the checkpoint directory.
+raises in the middle of epoch FAIL_EPOCH (-1: never). DIRECTORY: the checkpoint directory.
 
-argv[3], optional: faults as JSON, a list of {"attempt", "rank", "epoch", and "batch" or "in_save"}:
+FAULTS, optional: JSON, a list of {"attempt", "rank", "epoch", and "batch" or "in_save"}:
 in that attempt that rank kills itself (SIGKILL, no clean-up) after that batch of that epoch, or
 ("in_save": true) in the middle of that epoch's checkpoint save, after the archive is written and
 before it is renamed into place.
+
+--per-rank-state MODE trains with a DistributedOptimizer whose state differs between ranks:
+delay_gradients, one_bit_gradients, or accumulation (3 micro-batches an update, so windows span
+the ends of the 8-step epochs). --epochs: how many epochs fit runs (default 4).
 
 Rank 0 first loads every checkpoint in the directory (what the previous attempts left; printing
 READABLE=<name>, or failing). Prints RESUMED_FROM=<epoch this attempt started at> and, at the end,
 WEIGHTS=<hex of every weight>.
 """
 
+import argparse
 import json
 import os
 import signal
-import sys
 
 import keras
 import numpy as np
 
 import kerasdist as kd
 
+PER_RANK_STATE = {
+    "delay_gradients": {"delay_gradients": True},
+    "one_bit_gradients": {"one_bit_gradients": True},
+    "accumulation": {"backward_passes_per_step": 3},
+}
+parser = argparse.ArgumentParser()
+parser.add_argument("directory")
+parser.add_argument("fail_epoch", type=int)
+parser.add_argument("faults", nargs="?", default="[]")
+parser.add_argument("--per-rank-state", choices=sorted(PER_RANK_STATE))
+parser.add_argument("--epochs", type=int, default=4)
+arguments = parser.parse_args()
+
 kd.init()
 print(f"LAUNCH_PID rank={kd.rank()} pid={os.getpid()}", flush=True)
-directory, fail_epoch = sys.argv[1], int(sys.argv[2])
+directory, fail_epoch = arguments.directory, arguments.fail_epoch
 attempt = int(os.environ.get("KERASDIST_RESTART", "0"))
-EPOCHS = 4
 
 
 class FailOnce(keras.callbacks.Callback):
@@ -37,11 +53,7 @@ class FailOnce(keras.callbacks.Callback):
             raise RuntimeError(f"injected fault in epoch {fail_epoch}")
 
 
-faults = (
-    [f for f in json.loads(sys.argv[3]) if f["attempt"] == attempt and f["rank"] == kd.rank()]
-    if len(sys.argv) > 3
-    else []
-)
+faults = [f for f in json.loads(arguments.faults) if f["attempt"] == attempt and f["rank"] == kd.rank()]
 
 
 class Killed(keras.callbacks.Callback):
@@ -82,14 +94,15 @@ rng = np.random.default_rng([7, kd.rank()])
 x = rng.normal(size=(64, 8)).astype("float32")
 y = (x @ np.linspace(-1, 1, 8).reshape(8, 1)).astype("float32")
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="tanh"), keras.layers.Dense(1)])
-model.compile(kd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+options = PER_RANK_STATE.get(arguments.per_rank_state, {})
+model.compile(kd.DistributedOptimizer(keras.optimizers.Adam(0.01), **options), loss="mse")
 checkpoint = kd.callbacks.Rank0Checkpoint(directory, resume=True)
 print(f"RESUMED_FROM={checkpoint.initial_epoch}", flush=True)
 model.fit(
     x,
     y,
     batch_size=8,
-    epochs=EPOCHS,
+    epochs=arguments.epochs,
     shuffle=False,
     verbose=0,
     callbacks=[*kd.callbacks(), NoteSavingEpoch(), checkpoint, FailOnce(), Killed()],
