@@ -2,10 +2,14 @@
 
 Names are loaded on first use: ``import kerasdist`` alone imports neither TensorFlow nor MPI,
 so the launcher (``kerasdist-run``) starts in milliseconds. ``kerasdist.init()`` or any
-collective brings them in.
+collective brings them in. Keras still finds kerasdist's saved classes by name once this
+package is imported, so ``keras.saving.load_model`` of a model compiled with
+``DistributedOptimizer`` needs nothing more (see ``kerasdist._registered_names``).
 """
 
 import importlib
+
+from kerasdist import _registered_names
 
 __version__ = "0.1.0"
 
@@ -72,6 +76,9 @@ _SUBMODULES = (
 )
 
 __all__ = sorted(_EXPORTS) + list(_SUBMODULES)
+
+
+_registered_names.register_when_keras_is_imported()
 
 
 def __getattr__(name):
