@@ -2,7 +2,7 @@
 
 import keras
 
-from kerasdist import data, runtime, training_state
+from kerasdist import data, ops, runtime, training_state
 
 
 class BroadcastGlobalState(keras.callbacks.Callback):
@@ -51,9 +51,42 @@ class BroadcastGlobalState(keras.callbacks.Callback):
             data.check_equal_steps(self.params.get("steps"), what="steps per epoch in fit")
         self._pending = not training_state.build_optimizer(self.model) or not self.model.built
         if not self._pending:
-            training_state.broadcast_training_state(self.model, self.root_rank)
+            self._broadcast()
 
     def on_train_batch_end(self, batch, logs=None):
         if self._pending:
             self._pending = False
-            training_state.broadcast_training_state(self.model, self.root_rank)
+            self._broadcast()
+
+    def _broadcast(self):
+        if runtime.state().size > 1:
+            check_same_variable_shapes(training_state.training_state_variables(self.model), self.root_rank)
+        training_state.broadcast_training_state(self.model, self.root_rank)
+
+
+def check_same_variable_shapes(variables, root_rank):
+    """Raises the same `ValueError` on every rank when the ranks' `variables` differ in number,
+    shape or dtype (different models or optimizers), naming the first difference. A collective.
+
+    The broadcast itself would fail too, but on packed buffers ("rank 0 sent shape [23]; rank 1
+    sent shape [28]") that name neither the models nor a variable.
+    """
+    own = [(variable.path, tuple(variable.shape), str(variable.dtype)) for variable in variables]
+    every_rank = ops.allgather_object(own)
+    root = every_rank[root_rank]
+    for rank, theirs in enumerate(every_rank):
+        if [entry[1:] for entry in theirs] == [entry[1:] for entry in root]:
+            continue
+        if len(theirs) != len(root):
+            difference = f"rank {root_rank} has {len(root)} variables, rank {rank} has {len(theirs)}"
+        else:
+            at = next(i for i, (a, b) in enumerate(zip(root, theirs)) if a[1:] != b[1:])
+            difference = (
+                f"variable {at}: rank {root_rank} has {root[at][0]!r} of shape {root[at][1]} ({root[at][2]}), "
+                f"rank {rank} has {theirs[at][0]!r} of shape {theirs[at][1]} ({theirs[at][2]})"
+            )
+        raise ValueError(
+            f"kerasdist: the ranks' models or optimizer states differ, so rank {root_rank}'s cannot be "
+            f"broadcast to every rank: {difference}. Build the same model (the same layers and sizes) "
+            "and compile it with the same optimizer on every rank."
+        )

@@ -1,5 +1,5 @@
-"""Arguments that used to be accepted without a word are refused, on every rank, before training:
-each error names the argument, the value and what is allowed."""
+"""Arguments that used to be accepted without a word, or refused with a misleading message, are
+refused on every rank before training: each error names what is wrong and what is allowed."""
 
 import keras
 import numpy as np
@@ -73,3 +73,14 @@ def test_noise_scale_growth_in_one_process_that_will_grow_when_overdue_says_why_
     growth = AdaptiveBatchGrowth(signal="noise_scale", batch_size=2, max_epochs_without_growth=1)
     with pytest.warns(UserWarning, match="B_noise is nan until max_epochs_without_growth=1 grows the batch"):
         model.fit(np.ones((4, 3)), np.ones((4, 1)), batch_size=2, verbose=0, callbacks=[growth])
+
+
+@pytest.mark.skipif(SIZE < 2, reason="models can differ between ranks only with 2 or more ranks")
+def test_a_different_model_on_one_rank_is_named_as_such_on_every_rank():
+    units = 4 + (RANK == SIZE - 1)  # the last rank's hidden layer is one unit wider
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(units), keras.layers.Dense(1)])
+    model.compile(kd.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    with pytest.raises(ValueError, match="the ranks' models or optimizer states differ") as error:
+        model.fit(np.ones((4, 3)), np.ones((4, 1)), batch_size=2, verbose=0, callbacks=kd.callbacks())
+    assert f"rank 0 has '{model.weights[0].path}' of shape (3, 4)" in str(error.value)
+    assert f"rank {SIZE - 1} has '{model.weights[0].path}' of shape (3, 5)" in str(error.value)
