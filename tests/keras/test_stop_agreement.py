@@ -98,6 +98,14 @@ def test_stop_training_set_on_one_rank_at_a_batch_stops_every_rank_there(before_
     assert len(history.history["loss"]) == 2
 
 
+def test_a_stop_from_a_callback_only_one_rank_holds_stops_every_rank_at_that_batch():
+    # Only the last rank has a callback that may stop at a batch: every rank must still agree per batch.
+    counter = BatchesRun()
+    extra = [StopOnOneRank(LAST_RANK, epoch=0, batch=2)] if RANK == LAST_RANK else []
+    fit(compiled_model(), *shard(RANK), [counter] + kd.callbacks(extra=extra))
+    assert batches_on_every_rank(counter) == [expected_batches(0, 2)] * SIZE
+
+
 def test_stop_training_set_on_one_rank_at_an_epoch_end_stops_every_rank_after_that_epoch():
     counter = BatchesRun()
     history = fit(compiled_model(), *shard(RANK), [counter] + kd.callbacks(extra=[StopOnOneRank(LAST_RANK, 1)]))
