@@ -149,6 +149,7 @@ def init():
         if size > 1:
             _abort_job_on_uncaught_exception(MPI)
             _remember_exit_status()
+            _exit_through_shutdown(MPI)
 
 
 def planned_size_from_environment(environ, size):
@@ -280,8 +281,10 @@ def _abort_job(message, status):
     MPI.COMM_WORLD.Abort(status)
 
 
-# What this rank's program passed to sys.exit(), as an exit status; None until it calls it.
+# What this rank's program passed to sys.exit() or os._exit(), as an exit status; None until it
+# calls one, and which of the two it called.
 _requested_exit_status = None
+_exit_call = "sys.exit"
 
 
 def _remember_exit_status():
@@ -300,6 +303,45 @@ def _remember_exit_status():
 
     exit.__doc__ = exit_for_real.__doc__
     sys.exit = exit
+
+
+_OS_EXIT_BACKSTOP_S = 10
+
+
+def _exit_through_shutdown(MPI):
+    """Makes `os._exit` in this process leave the job the way a normal exit does.
+
+    `os._exit` skips atexit, so neither `shutdown()` nor MPI_Finalize ran: hydra then took the
+    rank for one that ended early, killed the ranks still training without a word and ended the
+    job with the status the rank gave, 0 included. Shutting down first makes a rank that leaves
+    mid-job fail the collectives the others wait in (they end the job non-zero, as after a
+    `sys.exit(0)` mid-job), and keeps the status of a non-zero `os._exit(n)`. Forked children
+    (multiprocessing workers leave through `os._exit`) have no engine and exit as before.
+    """
+    exit_now = os._exit
+    initializing_pid = os.getpid()
+
+    def _exit(status):
+        global _requested_exit_status, _exit_call
+        if _state is not None and os.getpid() == initializing_pid:
+            sys.stderr.write(
+                f"kerasdist: rank {_state.rank} left with os._exit({status}); shutting kerasdist down first, "
+                "so that ranks still in collectives with it fail instead of being killed silently\n"
+            )
+            sys.stderr.flush()
+            _requested_exit_status, _exit_call = _as_exit_status(status), "os._exit"
+            # os._exit must end the process even if the shutdown waits (a peer frozen, or this
+            # thread called it while another holds the runtime's lock, as pytest-timeout does).
+            backstop = threading.Timer(_OS_EXIT_BACKSTOP_S, exit_now, args=(_as_exit_status(status) or 1,))
+            backstop.daemon = True
+            backstop.start()
+            shutdown()
+            if not MPI.Is_finalized():
+                MPI.Finalize()
+        exit_now(status)
+
+    _exit.__doc__ = exit_now.__doc__
+    os._exit = _exit
 
 
 def _as_exit_status(status):
@@ -325,7 +367,7 @@ def shutdown():
             # Other ranks may still be in collectives with this one; ending the job now keeps the
             # status the program chose (they would otherwise fail and abort with status 1).
             _abort_job(
-                f"rank {_state.rank} called sys.exit with status {_requested_exit_status}; "
+                f"rank {_state.rank} called {_exit_call} with status {_requested_exit_status}; "
                 f"ending the job with that status",
                 _requested_exit_status,
             )
