@@ -587,10 +587,6 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
         print(shlex.join(launch_command(0, ranks, host_list)))
         return 0
     local_job = not (args.hosts or args.hostfile or args.host_discovery_script)
-    problem = _missing_program_or_script(command, local_job, environ)
-    if problem:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        return USAGE_ERROR
     # Hosts another launcher program reaches, or --min-np probes itself, may not resolve here.
     if args.hosts and not (args.launcher_exec or args.min_np):
         unknown = [host.name for host in hosts.parse_host_list(args.hosts) if not hosts.resolves(host.name, environ)]
@@ -608,6 +604,10 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
             instead = _what_to_run_instead(argv, given_command, environ)
             print(f"{PROG}: error: every rank would run {problem}\n{instead}", file=sys.stderr)
             return USAGE_ERROR
+    problem = _missing_program_or_script(command, local_job, environ)
+    if problem:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        return USAGE_ERROR
     stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
     copy_stderr = (lambda fd, ended: output.copy_showing_startup_notices_once(fd, stderr, ended)) if stderr else None
     status = 1  # what a refusal to start reports, until an attempt has run

@@ -168,7 +168,8 @@ def test_a_job_on_named_hosts_is_not_checked_here(tmp_path, python_without_keras
         "KERASDIST_MPI_FLAVOUR": "mpich",
     }
     local = launcher.main(["-np", "2", "python", "train.py"], environ=environ)
-    on_hosts = launcher.main(["-np", "2", "-H", "node1:1,node2:1", "python", "train.py"], environ=environ)
+    # Names that resolve: kerasdist-run refuses a -H host that does not, before mpiexec runs.
+    on_hosts = launcher.main(["-np", "2", "-H", "localhost:1,127.0.0.1:1", "python", "train.py"], environ=environ)
     assert (local, on_hosts) == (2, 99), capsys.readouterr().err
 
 
