@@ -170,6 +170,21 @@ def test_an_object_collective_refused_while_a_rank_has_joined_is_named_as_the_us
         assert "cannot run broadcast_object 'settings'" in error.message, error.message
 
 
+@needs_two_ranks
+def test_a_traced_step_pairs_again_after_ranks_ran_it_unequally_often_and_joined():
+    # The ranks' counts of the step's calls differ after each epoch; join starts them alike again.
+    @tf.function
+    def summed_over_ranks(x):
+        return kd.allreduce(x, op=kd.Sum)
+
+    for _ in range(2):
+        for _ in range(RANK + 1):  # rank r has r + 1 batches this epoch
+            summed_over_ranks(tf.constant([1.0]))
+        kd.join()
+    for _ in range(2):
+        assert float(summed_over_ranks(tf.constant([1.0]))[0]) == SIZE
+
+
 def test_join_inside_a_tf_function_is_refused():
     with pytest.raises(RuntimeError, match="eagerly only"):
         tf.function(kd.join)()

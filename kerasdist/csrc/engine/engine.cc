@@ -211,6 +211,11 @@ void Engine::SubmitFailure(Request request) {
   cv_.notify_one();
 }
 
+int64_t Engine::NextExecution(const std::string& function) {
+  std::lock_guard<std::mutex> lock(executions_mu_);
+  return executions_[function]++;
+}
+
 void Engine::Loop() {
   auto backoff = std::chrono::microseconds(0);
   while (true) {
@@ -490,7 +495,12 @@ void Engine::Execute(std::vector<Ready>& ready) {
         case OpKind::kBroadcast: status = RunBroadcast(c); break;
         case OpKind::kReducescatter: status = RunReducescatter(c); break;
         case OpKind::kAlltoall: status = RunAlltoall(c, r->response); break;
-        case OpKind::kJoin: *static_cast<int32_t*>(c->outputs[0]) = r->response.last_joined_rank; break;
+        case OpKind::kJoin: {
+          *static_cast<int32_t*>(c->outputs[0]) = r->response.last_joined_rank;
+          std::lock_guard<std::mutex> lock(executions_mu_);
+          executions_.clear();  // every rank is between its steps, in join: the counts start alike
+          break;
+        }
         case OpKind::kAllreduce: break;
       }
       if (timeline_.enabled()) timeline_.Phase(c->request.name, OpKindName(c->request.kind), start, Clock::now());

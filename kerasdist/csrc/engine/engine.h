@@ -73,6 +73,11 @@ class Engine {
   // other ranks fail the same call within a cycle instead of waiting for it. Nothing runs and
   // nothing is called back on this rank; the caller raises its own error.
   void SubmitFailure(Request request);
+  // How many calls of the tf.function named `function` this rank made before this one (what
+  // Request::execution carries). Counted per name, not per trace: a retrace on one rank only
+  // continues the count. Every count starts again from 0 when every rank has joined (join), since
+  // ranks with unequal data made unequal numbers of calls before.
+  int64_t NextExecution(const std::string& function);
 
  private:
   struct Ready {
@@ -138,6 +143,9 @@ class Engine {
   // path is untouched for jobs that never join.
   bool any_joined_ = false;
   std::vector<std::unique_ptr<Collective>> zero_entries_;  // this cycle's stand-ins
+
+  std::mutex executions_mu_;
+  std::map<std::string, int64_t> executions_;  // guarded by executions_mu_
 };
 
 }  // namespace kerasdist

@@ -4,8 +4,6 @@
 // any order instead of serializing them like other stateful ops. `blocking` is true for eager
 // calls, whose thread waits for that op alone: the engine uses it to tell ranks stuck in
 // mismatched calls from ranks that are merely late.
-#include <map>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -351,19 +349,10 @@ class ExecutionCountKernel : public ::tensorflow::OpKernel {
   void Compute(OpKernelContext* ctx) override {
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
-    out->scalar<int64_t>()() = Next(function_);
+    out->scalar<int64_t>()() = Engine::Get().NextExecution(function_);
   }
 
  private:
-  // Per function name, not per kernel: a retrace (a new graph, new kernels) continues the count,
-  // so ranks that retrace at different calls still agree on it.
-  static int64_t Next(const std::string& function) {
-    static std::mutex mu;
-    static auto* counts = new std::map<std::string, int64_t>();
-    std::lock_guard<std::mutex> lock(mu);
-    return (*counts)[function]++;
-  }
-
   std::string function_;
 };
 
