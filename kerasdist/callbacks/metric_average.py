@@ -30,12 +30,19 @@ def global_metrics_result(model, local_result, ran_steps=True):
         with metric_states_summed_over_ranks(model.metrics):
             return local_result()
     except tf.errors.OpError as error:
-        raise RuntimeError(
-            f"kerasdist: combining the metrics of model '{model.name}' across ranks failed. Once "
-            "MetricAverage is attached (kerasdist.callbacks() attaches it in fit), every "
+        # The engine names it when ranks ran unequal numbers of steps; evaluating on some ranks
+        # only is the other way to get here.
+        unequal_steps = "different numbers of steps" in error.message
+        advice = (
+            ""
+            if unequal_steps
+            else "Once MetricAverage is attached (kerasdist.callbacks() attaches it in fit), every "
             "model.evaluate() of this model, and every end of a fit epoch, is a collective that "
             "every rank must call. To evaluate on one rank only (say under `if rank == 0:`), "
             "wrap the call: `with kerasdist.callbacks.local_metrics(model): model.evaluate(...)`. "
+        )
+        raise RuntimeError(
+            f"kerasdist: combining the metrics of model '{model.name}' across ranks failed. {advice}"
             f"The engine said: {error.message}"
         ) from error
 
