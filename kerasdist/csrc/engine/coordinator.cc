@@ -85,14 +85,17 @@ void Coordinator::Step(const std::vector<std::vector<char>>& messages, std::vect
       std::string name = request->name;
       auto [it, fresh] = table_.try_emplace(name);
       Negotiation& n = it->second;
-      // The wait counts from the earliest rank's call, not from when rank 0 first heard of it.
+      // A warning gives the wait since the earliest rank's call: a request may reach rank 0 only
+      // after waiting on the fast path. The timeout keeps counting from rank 0's first sight, so
+      // names one stall holds on different ranks time out in the same cycle.
       const auto called = now - std::chrono::duration_cast<Clock::duration>(
                                     std::chrono::duration<double>(request->waited_s));
       if (fresh) {
         n.by_rank.resize(size_);
-        n.first_seen = called;
+        n.first_seen = now;
+        n.first_called = called;
       }
-      n.first_seen = std::min(n.first_seen, called);
+      n.first_called = std::min(n.first_called, called);
       if (!n.by_rank[r]) ++n.count;
       n.by_rank[r] = std::move(request);
       if (n.count == size_) completed.push_back(name);
@@ -301,7 +304,8 @@ Response Coordinator::Validate(const std::string& name, const std::vector<const 
 void Coordinator::WarnAboutStalls(Clock::time_point now) {
   if (options_.stall_warning_s <= 0) return;
   for (auto& [name, n] : table_) {
-    if (Seconds(now - n.last_warning) < options_.stall_warning_s || Seconds(now - n.first_seen) < options_.stall_warning_s) {
+    if (Seconds(now - n.last_warning) < options_.stall_warning_s ||
+        Seconds(now - n.first_called) < options_.stall_warning_s) {
       continue;
     }
     std::string missing, present, elsewhere;
@@ -314,7 +318,7 @@ void Coordinator::WarnAboutStalls(Clock::time_point now) {
     }
     Log(2, "stall: '%s' was submitted by rank(s) %s but not by rank(s) %s (waiting %.0f s)%s. "
            "Ranks must run the same collectives.",
-        name.c_str(), present.c_str(), missing.c_str(), Seconds(now - n.first_seen), elsewhere.c_str());
+        name.c_str(), present.c_str(), missing.c_str(), Seconds(now - n.first_called), elsewhere.c_str());
     n.last_warning = now;
   }
 }

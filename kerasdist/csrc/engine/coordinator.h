@@ -40,7 +40,8 @@ class Coordinator {
   struct Negotiation {  // a name some ranks have sent
     std::vector<std::unique_ptr<Request>> by_rank;
     int count = 0;
-    Clock::time_point first_seen;
+    Clock::time_point first_seen;   // when rank 0 first heard of it: the stall timeout counts from here
+    Clock::time_point first_called;  // when the earliest rank called it: what stall warnings say
     Clock::time_point last_warning;
   };
 
