@@ -108,7 +108,12 @@ class _NoCompression:
 
 
 class Compression:
-    """Wire formats for allreduce: ``none``, ``fp16`` or ``bf16`` (floats only)."""
+    """Wire formats for allreduce: ``none``, ``fp16`` or ``bf16`` (floats only).
+
+    ``fp16`` holds values up to +-65504 only: a value beyond that, sent or in the sum (a Sum of
+    40000 on 2 ranks), becomes +-inf without an error. ``bf16`` has float32's range (to about
+    3.4e38) with 8 bits of precision and does not overflow.
+    """
 
     none = _NoCompression()
     fp16 = _Cast(tf.float16, engine_dtype=4)
