@@ -7,6 +7,7 @@ hook's behaviour, not only that it exists.
 """
 
 import importlib
+import sys
 
 import keras
 import tensorflow as tf
@@ -104,6 +105,14 @@ def source_stack():
     """The calling stack as (file, line) pairs, innermost last, with code AutoGraph converted
     shown at the user's own lines."""
     return [(frame.filename, frame.lineno) for frame in _tf_stack.extract_stack()]
+
+
+def callbacks_setting_the_model():
+    """Called from a callback's `set_model`: the callbacks of the `fit` (the `CallbackList`) that
+    is calling it, or None when something else called it. Keras passes a callback no list, and
+    StopAgreement must know whether any of them may stop training at a batch."""
+    caller = sys._getframe(2).f_locals.get("self")  # the caller of set_model: CallbackList.set_model
+    return caller.callbacks if isinstance(caller, keras.callbacks.CallbackList) else None
 
 
 def set_initial_epoch(model, epoch):

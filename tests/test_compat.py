@@ -196,3 +196,19 @@ def test_source_stack_shows_autograph_converted_code_at_the_users_own_line():
     traced(tf.constant(0))
     line = inspect.getsourcelines(traced.python_function)[1] + 3
     assert (__file__, line) in stacks[0], stacks[0][-4:]
+
+
+def test_callbacks_setting_the_model_is_the_list_of_the_fit_that_set_it():
+    seen = []
+
+    class Probe(keras.callbacks.Callback):
+        def set_model(self, model):
+            super().set_model(model)
+            seen.append(_compat.callbacks_setting_the_model())
+
+    probe, other = Probe(), keras.callbacks.History()
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    keras.callbacks.CallbackList([probe, other], model=model)
+    probe.set_model(model)  # called directly: no list
+    assert seen[0] is not None and probe in seen[0] and other in seen[0], seen
+    assert seen[1] is None

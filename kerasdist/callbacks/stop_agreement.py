@@ -1,11 +1,9 @@
 """Every rank stops `fit` where any rank stops it."""
 
-import sys
-
 import keras
 import tensorflow as tf
 
-from kerasdist import ops, runtime
+from kerasdist import _compat, ops, runtime
 
 # Hooks that run before Keras's per-batch check of `stop_training`: a callback that overrides one
 # of them may stop training at a batch, not only at an epoch end.
@@ -39,13 +37,6 @@ def _may_stop_at_a_batch(callback):
         getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)
         for hook in _HOOKS_BEFORE_A_BATCH_CHECK
     )
-
-
-def _callbacks_of_this_fit():
-    """The callbacks of the `CallbackList` that is calling `set_model`, or None if the caller is
-    not one (then every batch is agreed on)."""
-    caller = sys._getframe(2).f_locals.get("self")
-    return caller.callbacks if isinstance(caller, keras.callbacks.CallbackList) else None
 
 
 class StopAgreement(keras.callbacks.Callback):
@@ -85,7 +76,7 @@ class StopAgreement(keras.callbacks.Callback):
 
     def set_model(self, model):
         super().set_model(model)
-        callbacks = _callbacks_of_this_fit()
+        callbacks = _compat.callbacks_setting_the_model()  # None: not known, so every batch is agreed on
         self._every_batch = callbacks is None or any(_may_stop_at_a_batch(callback) for callback in callbacks)
 
     def on_train_begin(self, logs=None):
