@@ -469,8 +469,14 @@ class DistributedOptimizer(WrappingOptimizer):
             # The micro-batches this update holds on all ranks, whatever the planned ranks.
             all_micro_batches = runtime.state().size * micro_batches
             noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=all_micro_batches)
-        with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, trainable_variables)):
+        with tf.control_dependencies(self._same_weights_at_the_first_update(trainable_variables)):
             self.inner_optimizer.apply(reduced, trainable_variables)
+
+    def _same_weights_at_the_first_update(self, variables):
+        # BroadcastGlobalState sets this when the model was not built at fit's start: it can only
+        # broadcast after the first step, so the check's broadcast is the expected one, not news.
+        announce = not getattr(self, "_broadcast_follows_first_step", False)
+        return _same_weights_at_the_first_update(self.iterations, variables, announce)
 
     def _reduce_to_one_bit(self, grads, trainable_variables):
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -493,7 +499,7 @@ class DistributedOptimizer(WrappingOptimizer):
         reduced = reduce_gradients([tf.convert_to_tensor(h) for h in held], self.op, self.compression)
 
         def apply_held():
-            with tf.control_dependencies(_same_weights_at_the_first_update(self.iterations, variables)):
+            with tf.control_dependencies(self._same_weights_at_the_first_update(variables)):
                 self.inner_optimizer.apply(reduced, variables)
 
         tf.cond(self._delayed_gradients_held > 0, apply_held, lambda: None)
@@ -627,14 +633,14 @@ _DIFFERENT_WEIGHTS = (
 )
 
 
-def _same_weights_at_the_first_update(iterations, variables):
+def _same_weights_at_the_first_update(iterations, variables, announce=True):
     """Control dependencies that make every rank's weights rank 0's before the first update.
 
     Ranks initialise their weights independently: without a broadcast of rank 0's state they
     would each train their own model, with no error. At the first update (`iterations` 0), one
     allgather of exact checksums tells whether the ranks agree; if not, rank 0's trainable
     weights are broadcast and rank 0 says so. Every rank sees the same gathered checksums, so
-    every rank takes the same branch.
+    every rank takes the same branch. `announce=False` keeps rank 0 quiet about it.
     """
     if runtime.state().size == 1 or not variables:
         return []
@@ -645,7 +651,7 @@ def _same_weights_at_the_first_update(iterations, variables):
 
         def broadcast():
             ops.broadcast_variables(variables, root_rank=0)
-            if runtime.state().rank == 0:
+            if announce and runtime.state().rank == 0:
                 tf.print(_DIFFERENT_WEIGHTS, output_stream=sys.stderr)
             return tf.constant(True)
 

@@ -12,8 +12,9 @@ class BroadcastGlobalState(keras.callbacks.Callback):
     model. At `on_train_begin` the optimizer's variables are created (Keras would otherwise
     defer them to the first step) and all of them, with the model's, are broadcast. A model
     that is not built before `fit` (a subclassed model without input shapes) cannot be
-    broadcast then: it is broadcast after the first step instead, so the first update starts
-    from per-rank weights and every later one from rank 0's.
+    broadcast then: it is broadcast after the first step instead. A `DistributedOptimizer`
+    gives every rank rank 0's trainable weights before that first update by itself (its
+    first-update check), so the first update starts from rank 0's weights too.
 
     It also checks that every rank will run the same number of steps per epoch (when Keras
     knows the number) and raises the same `ValueError` on every rank if not. Dropout seed
@@ -50,6 +51,9 @@ class BroadcastGlobalState(keras.callbacks.Callback):
             # epoch: fail now, on every rank, instead. Unknown lengths (None) cannot be checked.
             data.check_equal_steps(self.params.get("steps"), what="steps per epoch in fit")
         self._pending = not training_state.build_optimizer(self.model) or not self.model.built
+        # DistributedOptimizer makes the ranks' weights agree at the first update by itself; it
+        # need not say so when this callback's broadcast was bound to come after it.
+        self.model.optimizer._broadcast_follows_first_step = self._pending
         if not self._pending:
             self._broadcast()
 
