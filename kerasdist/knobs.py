@@ -198,8 +198,9 @@ KNOBS = (
         "--mismatch-timeout-s",
         5.0,
         _seconds_or_milliseconds(_A_YEAR_S, " s"),
-        "fail eager collectives when every rank has been blocked this long in a different call, so "
-        "none can complete; 0: never (set 0 if several threads of a rank make eager collectives)",
+        "fail collectives when every rank has been blocked this long in a different call, so none can "
+        "complete (eager calls, or a tf.function step on some ranks against an eager call on others); "
+        "0: never (set 0 if several threads of a rank make eager collectives)",
         metavar="S",
         to_engine=repr,
     ),
