@@ -123,6 +123,18 @@ def run_job(argv, cwd, env=None, timeout=DEFAULT_JOB_TIMEOUT_S, script_name=""):
     return JobResult([str(a) for a in argv], proc.returncode, output, started, ended, timed_out)
 
 
+def announced_rank_pids(log_path, count, timeout, proc):
+    """The pids the ranks announced ("LAUNCH_PID rank=R pid=P") in the job's log, once `count`
+    have, or whatever is there after `timeout` s or once `proc` (the launcher) has ended. Read
+    from the whole text, not line by line: the launcher may forward two ranks' lines run together."""
+    deadline = time.monotonic() + timeout
+    pids = []
+    while len(pids) < count and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+        pids = [int(pid) for pid in re.findall(r"LAUNCH_PID rank=\d+ pid=(\d+)", Path(log_path).read_text())]
+    return pids
+
+
 def mpirun(script, *args, n=2, cwd, env=None, timeout=DEFAULT_JOB_TIMEOUT_S):
     """mpiexec -n N python tests/launch/scripts/SCRIPT ARGS..."""
     argv = [MPIEXEC, "-n", str(n), sys.executable, SCRIPTS / script, *args]

@@ -2,7 +2,6 @@
 Ctrl-C ends a job whose ranks are blocked in a collective."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -10,7 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_utils import LAUNCH_TEST_MARKS, SCRIPTS, child_env, run_job
+from launch_utils import LAUNCH_TEST_MARKS, SCRIPTS, announced_rank_pids, child_env, run_job
 
 pytestmark = LAUNCH_TEST_MARKS
 LAUNCHER = [sys.executable, "-m", "kerasdist.run"]
@@ -68,10 +67,7 @@ def test_one_sigint_ends_a_job_blocked_in_a_collective(tmp_path):
         )
     rank_pids = []
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while len(rank_pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-            rank_pids = [int(pid) for pid in re.findall(r"LAUNCH_PID rank=\d+ pid=(\d+)", log_path.read_text())]
+        rank_pids = announced_rank_pids(log_path, 2, STARTUP_TIMEOUT_S, proc)
         assert len(rank_pids) == 2, log_path.read_text()
         time.sleep(1)  # both ranks are in their collectives
         proc.send_signal(signal.SIGINT)

@@ -7,7 +7,6 @@ PyPI's MPICH is installed here); every real job runs under a timeout.
 
 import io
 import os
-import re
 import signal
 import stat
 import subprocess
@@ -16,7 +15,15 @@ import time
 from pathlib import Path
 
 import pytest
-from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_job
+from launch_utils import (
+    DEFAULT_JOB_TIMEOUT_S,
+    LAUNCH_TEST_MARKS,
+    MPIEXEC,
+    REPO_ROOT,
+    announced_rank_pids,
+    child_env,
+    run_job,
+)
 
 from kerasdist import knobs
 from kerasdist.run import launcher, mpi, output
@@ -364,11 +371,7 @@ def test_signal_to_the_launcher_stops_the_job_and_exits_128_plus_it(tmp_path, si
         )
     rank_pids = []
     try:
-        deadline = time.monotonic() + QUICK_TIMEOUT_S
-        while len(rank_pids) < 2 and time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(0.2)
-            # Not line by line: the launcher may forward the two ranks' lines run together.
-            rank_pids = [int(pid) for pid in re.findall(r"LAUNCH_PID rank=\d+ pid=(\d+)", log_path.read_text())]
+        rank_pids = announced_rank_pids(log_path, 2, QUICK_TIMEOUT_S, proc)
         assert len(rank_pids) == 2, log_path.read_text()
         proc.send_signal(signum)
         assert proc.wait(timeout=QUICK_TIMEOUT_S) == 128 + signum, log_path.read_text()
