@@ -24,12 +24,13 @@ class ResponseCache {
   const Response& response(int32_t id) const { return slots_[id].response; }
   // True when this rank sends what it sent when the slot was filled.
   bool Matches(int32_t id, const std::string& signature) const { return slots_[id].signature == signature; }
-  // True when a request of `execution` may take the fast path: an eager one (-1), or one from
-  // the call of its tf.function right after the call that last ran this slot. Any other call
-  // (a skipped one on some rank, or a repeat in a loop) goes to rank 0, which compares every
-  // rank's call number.
+  // True when a request of `execution` may take the fast path: an eager one (-1), one from the
+  // call of its tf.function that last ran this slot (a loop inside the function runs it again),
+  // or from the call right after. Any other call (a rank skipped one) goes to rank 0, which
+  // compares every rank's call number.
   bool Follows(int32_t id, int64_t execution) const {
-    return execution < 0 || execution == slots_[id].execution + 1;
+    const int64_t last = slots_[id].execution;
+    return execution < 0 || execution == last || execution == last + 1;
   }
   // The slot ran for a request of `execution` (every rank records the same number).
   void Ran(int32_t id, int64_t execution) { slots_[id].execution = execution; }
