@@ -13,7 +13,7 @@ NCCL_VENV := .venv-nccl
 NCCL_PY := $(NCCL_VENV)/bin/python
 PACKAGE_SOURCES := $(wildcard kerasdist/*.py kerasdist/*/*.py kerasdist/*/*/*.py)
 
-.PHONY: venv build lint test soak demo bench bench-net build-nccl test-nccl clean
+.PHONY: venv build lint test soak demo bench bench-net build-nccl test-nccl cluster-packages clean
 
 venv: $(VENV)/.editable
 
@@ -82,6 +82,11 @@ test-nccl: build-nccl
 	$(RUN_ENV) timeout 300 $(NCCL_VENV)/bin/kerasdist-run --check-build
 	$(RUN_ENV) KERASDIST_EXPECT_NCCL=1 timeout 900 $(NCCL_VENV)/bin/mpiexec -n 2 $(NCCL_PY) -P -m pytest -q \
 	    -p no:cacheprovider tests/collectives
+
+# Debian's Slurm, munge and Open MPI, for the real-cluster tests; installed when root with apt-get,
+# else the script says why and those tests skip naming the reason.
+cluster-packages:
+	scripts/cluster_packages.sh install
 
 # 5,000 fit steps on 2 ranks, checking that memory, threads, open files and the timeline's growth
 # per step stay put (benchmarks/soak.py says the bounds).
