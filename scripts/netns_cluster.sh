@@ -84,6 +84,8 @@ namespaces_of() { ip netns list 2>/dev/null | awk '{print $1}' | grep -E "^kd-$1
 
 teardown() {
     local id=$1 ns dir=$STATE_ROOT/$1 pids link
+    # What a script built on the cluster started outside its namespaces (slurm_cluster.sh).
+    if [[ -x $dir/on_teardown ]]; then "$dir/on_teardown" || true; fi
     for ns in $(namespaces_of "$id"); do
         # Processes left in a namespace would keep it, and its link, alive.
         pids=$(ip netns pids "$ns" 2>/dev/null || true)
