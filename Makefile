@@ -13,7 +13,7 @@ NCCL_VENV := .venv-nccl
 NCCL_PY := $(NCCL_VENV)/bin/python
 PACKAGE_SOURCES := $(wildcard kerasdist/*.py kerasdist/*/*.py kerasdist/*/*/*.py)
 
-.PHONY: venv build lint test soak demo bench bench-net build-nccl test-nccl cluster-packages clean
+.PHONY: venv build lint test soak demo bench bench-net build-nccl test-nccl build-openmpi test-openmpi cluster-packages clean
 
 venv: $(VENV)/.editable
 
@@ -82,6 +82,56 @@ test-nccl: build-nccl
 	$(RUN_ENV) timeout 300 $(NCCL_VENV)/bin/kerasdist-run --check-build
 	$(RUN_ENV) KERASDIST_EXPECT_NCCL=1 timeout 900 $(NCCL_VENV)/bin/mpiexec -n 2 $(NCCL_PY) -P -m pytest -q \
 	    -p no:cacheprovider tests/collectives
+
+# kerasdist built against Debian's Open MPI (openmpi-bin, libopenmpi-dev) in a venv of its own,
+# as the NCCL variant is: mpi4py compiled from source against that Open MPI (no PyPI mpich), and
+# the op library built as docs/deployment.md tells a user (MPICC names the MPI's compiler wrapper).
+OPENMPI_VENV := .venv-openmpi
+OPENMPI_PY := $(OPENMPI_VENV)/bin/python
+OPENMPI_MPICC := mpicc.openmpi
+OPENMPI_MPIRUN := mpirun.openmpi
+# The NCCL venv's cut-down requirements, less PyPI's mpich.
+OPENMPI_VENV_REQUIREMENTS := '^(tensorflow-cpu|keras|mpi4py|numpy|pytest|pytest-timeout|hypothesis)[<>=]'
+# What is missing for the Open MPI targets; empty when Open MPI is installed.
+OPENMPI_MISSING := $(shell command -v $(OPENMPI_MPICC) >/dev/null || \
+    echo "$(OPENMPI_MPICC) (packages: $$(scripts/cluster_packages.sh missing | grep openmpi | tr '\n' ' '))")
+# Open MPI refuses to run as root without this consent; MPICH asks for none.
+OPENMPI_RUN_ENV := $(RUN_ENV) OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+ifeq ($(OPENMPI_MISSING),)
+build-openmpi: $(OPENMPI_VENV)/.built
+
+# The build names Open MPI and its mpirun; the collectives suite under Open MPI's own mpirun at 2
+# and 3 ranks (3 on 2 cores needs --oversubscribe); then, from plain pytest, kerasdist-run jobs on
+# this host and on 2 emulated hosts and the faults the launcher must end (tests/openmpi).
+test-openmpi: venv build-openmpi
+	$(OPENMPI_RUN_ENV) timeout 300 $(OPENMPI_VENV)/bin/kerasdist-run --check-build
+	$(OPENMPI_RUN_ENV) timeout 900 $(OPENMPI_MPIRUN) --oversubscribe -n 2 $(OPENMPI_PY) -P -m pytest -q \
+	    -p no:cacheprovider tests/collectives
+	$(OPENMPI_RUN_ENV) timeout 900 $(OPENMPI_MPIRUN) --oversubscribe -n 3 $(OPENMPI_PY) -P -m pytest -q \
+	    -p no:cacheprovider tests/collectives
+	$(RUN_ENV) timeout 600 $(PY) -m pytest -q tests/openmpi
+else
+build-openmpi:
+	@echo "build-openmpi: Open MPI is not installed, missing $(OPENMPI_MISSING);" \
+	    "\`make cluster-packages\` installs it as root on Debian. Not building $(OPENMPI_VENV)."
+
+# Without Open MPI, tests/openmpi skips, naming the reason.
+test-openmpi: venv build-openmpi
+	$(RUN_ENV) timeout 600 $(PY) -m pytest -q -rs tests/openmpi
+endif
+
+$(OPENMPI_VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(OPENMPI_VENV)
+	grep -E $(OPENMPI_VENV_REQUIREMENTS) requirements.txt > $(OPENMPI_VENV)/requirements-core.txt
+	test "$$(wc -l < $(OPENMPI_VENV)/requirements-core.txt)" -eq 7  # a renamed requirement must not drop out
+	$(OPENMPI_PY) -m pip install -q --upgrade pip
+	MPICC=$(OPENMPI_MPICC) $(OPENMPI_PY) -m pip install -q --no-binary mpi4py -r $(OPENMPI_VENV)/requirements-core.txt
+	touch $@
+
+$(OPENMPI_VENV)/.built: $(OPENMPI_VENV)/.installed $(OP_LIBRARY_SOURCES) $(PACKAGE_SOURCES)
+	MPICC=$(OPENMPI_MPICC) $(OPENMPI_PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
+	touch $@
 
 # Debian's Slurm, munge and Open MPI, for the real-cluster tests; installed when root with apt-get,
 # else the script says why and those tests skip naming the reason.

@@ -63,9 +63,14 @@ def mpi_flags():
             "PyPI mpich",
             sysconfig.get_path("scripts"),
         )
-    mpicc = shutil.which("mpicc")
+    # MPICC is the variable mpi4py's build reads too, so one setting builds both against one MPI.
+    mpicc_name = os.environ.get("MPICC", "mpicc")
+    mpicc = shutil.which(mpicc_name)
     if not mpicc:
-        sys.exit("kerasdist: no MPI found. `pip install mpich`, or set KERASDIST_MPI_HOME, or put mpicc on PATH.")
+        sys.exit(
+            f"kerasdist: no MPI found (no {mpicc_name} on PATH). `pip install mpich`, or set KERASDIST_MPI_HOME, "
+            "or put mpicc on PATH (or name it in MPICC, e.g. MPICC=mpicc.openmpi)."
+        )
     for show in ("-show", "--showme"):
         try:
             words = shlex.split(subprocess.check_output([mpicc, show], text=True, stderr=subprocess.DEVNULL))
@@ -78,6 +83,12 @@ def mpi_flags():
     link_flags = [w for w in words[1:] if w.startswith(("-L", "-l", "-Wl"))]
     lib_dirs = [w[2:] for w in link_flags if w.startswith("-L")]
     return compile_flags, link_flags, lib_dirs, f"mpicc at {mpicc}", os.path.dirname(mpicc)
+
+
+def mpi_wrapper_suffix():
+    """The suffix of the named mpicc (".openmpi" of Debian's mpicc.openmpi), which its mpiexec shares."""
+    name = os.path.basename(os.environ.get("MPICC", "mpicc"))
+    return name[len("mpicc") :] if name.startswith("mpicc") else ""
 
 
 def nvidia_wheel_dir(name):
@@ -125,19 +136,24 @@ def launcher_mpi_module():
 def mpiexec_and_flavour(bin_dir):
     """The MPI's mpiexec and its flavour name ("mpich", "intel", "openmpi"); None where unknown."""
     mpi = launcher_mpi_module()
-    mpiexec = mpi.mpiexec_of_install(bin_dir)
+    mpiexec = mpi.mpiexec_of_install(bin_dir, mpi_wrapper_suffix())
     flavour = mpi.detect_flavour(mpiexec) if mpiexec else None
     return mpiexec, flavour.name if flavour else None
 
 
 class BuildVariantApart(build):
-    """Builds the NCCL variant under build/nccl/: setuptools skips an extension that looks up to
-    date in its build directory, so a shared one would hand either variant the other's library."""
+    """Builds the NCCL variant under build/nccl/ and one against another MPI than PyPI's mpich
+    under build/mpi-<which>/: setuptools skips an extension that looks up to date in its build
+    directory, so a shared one would hand one variant another's library."""
 
     def initialize_options(self):
         super().initialize_options()
-        if WITH_NCCL:
-            self.build_base = os.path.join("build", "nccl")
+        variant = ["nccl"] if WITH_NCCL else []
+        mpi_source = mpi_flags()[3]
+        if mpi_source != "PyPI mpich":
+            variant.append("mpi-" + re.sub(r"[^A-Za-z0-9.]+", "_", mpi_source).strip("_"))
+        if variant:
+            self.build_base = os.path.join("build", *variant)
 
 
 class BuildOpLibrary(build_ext):

@@ -30,6 +30,11 @@ class Flavour:
     interface_template: tuple
     # Variables that point the network libraries this MPI may use at that interface.
     interface_variables: tuple
+    # Options on every command: what makes this mpiexec place ranks as hydra does by default.
+    default_options: tuple = ()
+    # Options for a job on this host alone (no hosts or host file given): run it whatever the
+    # number of cores, as hydra does.
+    local_job_options: tuple = ()
 
     def launcher_exec_options(self, program):
         """Options that make mpiexec start the processes on other hosts with ``program``."""
@@ -51,6 +56,10 @@ class Flavour:
 # runs over libfabric. Open MPI's TCP byte transfer layer (btl) and its runtime's out-of-band
 # channel (oob) each take an interface list, and its UCX layer reads UCX_NET_DEVICES.
 # Open MPI 5's runtime (PRRTE) calls the agent plm_ssh_agent and translates plm_rsh_*.
+# Open MPI binds each rank to one core when there are at most 2 ranks (a TensorFlow rank's
+# threads would then share that core) and refuses more ranks than cores on one host, where hydra
+# binds nothing and runs them all; `--bind-to none` and, for a job on this host, `--oversubscribe`
+# make it do as hydra does. An option the user passes in --mpi-args comes later and wins.
 MPICH = Flavour(
     "mpich",
     "MPICH (hydra)",
@@ -80,6 +89,8 @@ OPEN_MPI = Flavour(
     launcher_exec_template=("--mca", "plm_rsh_agent", "{program}"),
     interface_template=("--mca", "btl_tcp_if_include", "{interface}", "--mca", "oob_tcp_if_include", "{interface}"),
     interface_variables=("UCX_NET_DEVICES",),
+    default_options=("--bind-to", "none"),
+    local_job_options=("--oversubscribe",),
 )
 FLAVOURS = {flavour.name: flavour for flavour in (MPICH, INTEL_MPI, OPEN_MPI)}
 
@@ -132,9 +143,12 @@ def _is_executable(path):
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def mpiexec_of_install(bin_dir):
-    """``bin_dir``'s mpiexec (or mpirun) when it has one, else None."""
-    for name in ("mpiexec", "mpirun"):
+def mpiexec_of_install(bin_dir, suffix=""):
+    """``bin_dir``'s mpiexec (or mpirun) when it has one, else None. With ``suffix``, the ones
+    that carry it come first: Debian's mpicc.openmpi goes with mpiexec.openmpi, whatever
+    /usr/bin/mpiexec points to."""
+    names = [f"mpiexec{suffix}", f"mpirun{suffix}"] if suffix else []
+    for name in names + ["mpiexec", "mpirun"]:
         path = os.path.join(bin_dir, name)
         if _is_executable(path):
             return path
@@ -232,14 +246,17 @@ def build_command(
     from kerasdist.run.mpi import OPEN_MPI, build_command
     command = build_command("/usr/bin/mpirun", OPEN_MPI, 2, ["python", "train.py"],
                             hosts="a:1,b:1", environment={"KERASDIST_LOG_LEVEL": "info"})
-    print(" ".join(command))  # /usr/bin/mpirun -np 2 -H a:1,b:1 -x KERASDIST_LOG_LEVEL=info python train.py
+    print(" ".join(command))
+    # /usr/bin/mpirun -np 2 --bind-to none -H a:1,b:1 -x KERASDIST_LOG_LEVEL=info python train.py
     ```
     """
-    argv = [mpiexec, "-np", str(num_processes)]
+    argv = [mpiexec, "-np", str(num_processes), *flavour.default_options]
     if hosts:
         argv += [flavour.hosts_option, hosts]
     if hostfile:
         argv += [flavour.hostfile_option, hostfile]
+    if not (hosts or hostfile):
+        argv += flavour.local_job_options
     if launcher_exec:
         argv += flavour.launcher_exec_options(launcher_exec)
     if network_interface:

@@ -123,7 +123,7 @@ def test_open_mpi_command_uses_capital_h_and_x(fake_mpiexec, capsys):
         capsys,
     )
     assert out == (
-        f"{fake_mpiexec} -np 2 -H a:1,b:1 -x KERASDIST_STALL_WARNING_S=5 "
+        f"{fake_mpiexec} -np 2 --bind-to none -H a:1,b:1 -x KERASDIST_STALL_WARNING_S=5 "
         f"-x KERASDIST_STALL_TIMEOUT_S=30 python train.py"
     )
 
@@ -134,7 +134,7 @@ def test_open_mpi_hostfile_option_is_long(fake_mpiexec, tmp_path, capsys):
     out = _dry_run(
         ["-np", "2", "--hostfile", str(hostfile), "python", "t.py"], fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys
     )
-    assert out == f"{fake_mpiexec} -np 2 --hostfile {hostfile} python t.py"
+    assert out == f"{fake_mpiexec} -np 2 --bind-to none --hostfile {hostfile} python t.py"
 
 
 def test_fusion_threshold_is_passed_in_bytes(fake_mpiexec, capsys):
@@ -166,7 +166,10 @@ def test_knobs_already_in_the_environment_are_passed_on_and_flags_win(fake_mpiex
         KERASDIST_LOG_LEVEL="error",
         UNRELATED="1",
     )
-    assert out == (f"{fake_mpiexec} -np 2 -x KERASDIST_CACHE_CAPACITY=8 -x KERASDIST_LOG_LEVEL=debug python t.py")
+    assert out == (
+        f"{fake_mpiexec} -np 2 --bind-to none --oversubscribe "
+        "-x KERASDIST_CACHE_CAPACITY=8 -x KERASDIST_LOG_LEVEL=debug python t.py"
+    )
 
 
 def test_mpi_args_come_after_ours_and_before_the_command(fake_mpiexec, capsys):
@@ -187,7 +190,7 @@ def test_flavour_override_beats_version_output(fake_mpiexec, capsys):
         capsys,
         KERASDIST_MPI_FLAVOUR="openmpi",
     )
-    assert out == f"{fake_mpiexec} -np 2 -H a:2 python t.py"
+    assert out == f"{fake_mpiexec} -np 2 --bind-to none -H a:2 python t.py"
 
 
 def test_a_double_dash_before_the_command_is_dropped(fake_mpiexec, capsys):

@@ -98,7 +98,10 @@ def test_open_mpi_gets_the_program_as_its_rsh_agent(fake_mpiexec, site_ssh, caps
         OPEN_MPI_VERSION_TEXT,
         capsys,
     )
-    assert out == [fake_mpiexec, "-np", "2", "-H", "a,b", "--mca", "plm_rsh_agent", site_ssh, "python", "t.py"]
+    assert out == [
+        *[fake_mpiexec, "-np", "2", "--bind-to", "none", "-H", "a,b"],
+        *["--mca", "plm_rsh_agent", site_ssh, "python", "t.py"],
+    ]
 
 
 def test_launcher_program_given_by_name_or_relative_path_becomes_absolute(fake_mpiexec, site_ssh, capsys, monkeypatch):
@@ -159,6 +162,9 @@ def test_open_mpi_keeps_its_tcp_transport_runtime_and_ucx_on_the_interface(fake_
         fake_mpiexec,
         "-np",
         "2",
+        "--bind-to",
+        "none",
+        "--oversubscribe",
         "--mca",
         "btl_tcp_if_include",
         "eth1",
