@@ -177,6 +177,10 @@ class BuildOpLibrary(build_ext):
         import tensorflow as tf  # only needed at build time
 
         mpi_compile, mpi_link, mpi_lib_dirs, mpi_source, mpi_bin_dir = mpi_flags()
+        # The engine calls MPI's C API only. Open MPI's mpi.h (Debian's 4.1) otherwise pulls its
+        # C++ bindings into C++ code, which then needs libmpi_cxx: the library failed to load with
+        # "undefined symbol: _ZN3MPI8Datatype4FreeEv".
+        mpi_compile = ["-DOMPI_SKIP_MPICXX=1", "-DMPICH_SKIP_MPICXX=1", *mpi_compile]
         nccl_compile, nccl_link, nccl_lib_dirs, nccl_version = nccl_flags() if WITH_NCCL else ([], [], [], None)
         out_dir = self.final_directory(ext)
         tf_lib_dir = tf.sysconfig.get_lib()
@@ -236,7 +240,10 @@ setup(
         "Topic :: System :: Distributed Computing",
     ],
     packages=find_packages(include=["kerasdist", "kerasdist.*"]),
-    ext_modules=[Extension("kerasdist._kerasdist_ops", sources=sources, depends=headers, language="c++")],
+    # setup.py sets the library's compile and link flags: a change to it rebuilds the library.
+    ext_modules=[
+        Extension("kerasdist._kerasdist_ops", sources=sources, depends=headers + ["setup.py"], language="c++")
+    ],
     cmdclass={"build": BuildVariantApart, "build_ext": BuildOpLibrary},
     python_requires=">=3.10",
     install_requires=["tensorflow>=2.16", "keras>=3.10,<4", "mpi4py>=4", "numpy"],
