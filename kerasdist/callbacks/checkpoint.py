@@ -5,7 +5,9 @@ import contextlib
 import io
 import json
 import os
+import signal
 import tempfile
+import threading
 import warnings
 import zipfile
 import zlib
@@ -43,7 +45,9 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     `directory/checkpoint_state.json` (written the same way), and the epoch it belongs to is stored
     inside the file itself: a crash or `kill -9` at any moment leaves a complete, loadable
     checkpoint recorded as the latest, with its true epoch (the previous one, or the new one once
-    it is complete, which matters when every save goes to one file name). Leftover temporary files
+    it is complete, which matters when every save goes to one file name). A SIGTERM (a scheduler
+    ending or requeueing the job) that arrives during a save takes effect once the save is
+    complete, so the epoch is kept and nothing half-written is left. Leftover temporary files
     (named `.kerasdist-partial-*`) are never taken for checkpoints and are removed the next time
     a `Rank0Checkpoint` is constructed on the directory. One training job per directory.
 
@@ -317,6 +321,10 @@ class Rank0Checkpoint(_compat.MonitorCallback):
 
     def _save(self, name, epochs_done, per_rank_rows=None):
         """Writes one checkpoint so that a crash at any point leaves the previous one usable."""
+        with _sigterm_held_back():
+            self._write_checkpoint(name, epochs_done, per_rank_rows)
+
+    def _write_checkpoint(self, name, epochs_done, per_rank_rows):
         path = os.path.join(self.directory, name)
         metadata = {
             "epoch": epochs_done,
@@ -516,6 +524,32 @@ def _partial_file_for(path):
     finally:
         if os.path.exists(partial):
             os.remove(partial)
+
+
+@contextlib.contextmanager
+def _sigterm_held_back():
+    """Acts on a SIGTERM that arrives in the block only once the block has ended.
+
+    A scheduler ends a job (Slurm's scancel, a preemption or requeue) with SIGTERM to every
+    process, and SIGKILL after a grace period (Slurm's KillWait, 30 s by default). Under Python's
+    default action a SIGTERM in the middle of a save killed the root at once: the epoch's
+    checkpoint was lost and its half-written temporary file left behind. Now the save ends first,
+    then the SIGTERM has its usual effect (the process ends with status 143, or the program's own
+    handler runs). Python runs signal handlers in the main thread only, and cannot put back a
+    handler installed outside Python: there nothing changes.
+    """
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or previous is None:
+        yield
+        return
+    received = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        if received:
+            signal.raise_signal(signal.SIGTERM)
 
 
 def _umask():
