@@ -8,12 +8,15 @@ needs, and it shows TensorFlow's start-up notices, which every rank prints alike
 """
 
 import argparse
+import fcntl
 import json
 import os
 import re
 import shlex
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -44,6 +47,14 @@ INTERRUPT_GRACE_S = 2
 _PYTHON_NAME = re.compile(r"python(\d+(\.\d+)*)?")
 # What a rank imports: kerasdist and its install_requires.
 RANK_MODULES = ("kerasdist", "tensorflow", "keras", "mpi4py")
+
+
+# Inside a Slurm allocation, MPICH's hydra starts one proxy per node with srun, and each proxy
+# connects back to mpiexec's host by name (or by hydra's -localhost). From salloc on a host outside
+# the allocation that connection may be impossible, and hydra then waits without end; the launcher
+# tries it first from every node, in one srun step, within this time.
+SLURM_CALLBACK_TIMEOUT_S = 30
+_SIOCGIFADDR = 0x8915
 
 
 class _Parser(argparse.ArgumentParser):
@@ -498,6 +509,43 @@ def _placement(args, environ, probe_command):
     return ranks, placed
 
 
+def _interface_address(name):
+    """The IPv4 address of this host's network interface ``name``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as any_socket:
+        request = struct.pack("256s", name.encode()[:15])
+        return socket.inet_ntoa(fcntl.ioctl(any_socket.fileno(), _SIOCGIFADDR, request)[20:24])
+
+
+def _hydra_starts_proxies_with_srun_from_outside(args, flavour, environ):
+    """True when hydra will start its proxies with srun on a Slurm allocation this host is not
+    part of (salloc on a login node); in a batch script or a job step SLURMD_NODENAME is set."""
+    return (
+        flavour is mpi.MPICH
+        and bool(environ.get("SLURM_JOB_ID"))
+        and not environ.get("SLURMD_NODENAME")
+        and not (args.hosts or args.hostfile or args.host_discovery_script or args.launcher_exec)
+        and "-launcher" not in args.mpi_args
+    )
+
+
+def _slurm_callback_problem(address, environ):
+    """Why the allocation's nodes cannot connect to ``address`` here, or None: one srun step
+    opens a TCP connection from each node to a port this process listens on."""
+    with socket.create_server(("", 0), backlog=256) as listener:  # the kernel accepts for us
+        port = listener.getsockname()[1]
+        argv = ["srun", f"--nodes={environ.get('SLURM_JOB_NUM_NODES', 1)}", "--ntasks-per-node=1", "--input=none"]
+        argv += ["bash", "-c", f"exec 3<>/dev/tcp/{address}/{port}"]
+        try:
+            probe = subprocess.run(
+                argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=SLURM_CALLBACK_TIMEOUT_S
+            )
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"{shlex.join(argv)} failed: {error}"
+    if probe.returncode != 0:
+        return f"{shlex.join(argv)} failed ({probe.returncode}): {(probe.stdout + probe.stderr).strip()}"
+    return None
+
+
 def main(argv=None, environ=None, run_version=mpi.run_version_query):
     """Entry point of ``kerasdist-run``; returns the exit status.
 
@@ -608,6 +656,29 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     if problem:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         return USAGE_ERROR
+    if _hydra_starts_proxies_with_srun_from_outside(args, flavour, environ):
+        address = socket.gethostname()
+        if args.network_interface:
+            try:
+                address = _interface_address(args.network_interface)
+            except OSError as error:
+                print(
+                    f"{PROG}: error: no IPv4 address on --network-interface {args.network_interface}: {error}",
+                    file=sys.stderr,
+                )
+                return USAGE_ERROR
+            args.mpi_args = ["-localhost", address, *args.mpi_args]  # the user's own -localhost wins
+        problem = _slurm_callback_problem(address, environ)
+        if problem:
+            print(
+                f"{PROG}: error: in Slurm allocation {environ['SLURM_JOB_ID']} from {socket.gethostname()}, outside "
+                f"it, hydra starts its proxies on the allocation's nodes with srun and they connect back to "
+                f"{address}; that failed, and hydra would wait for them without end. Give --network-interface "
+                f"naming this host's interface on the nodes' network, or run {PROG} on a node of the allocation "
+                f"(in the sbatch script, or after `srun --pty bash` in salloc).\n{problem}",
+                file=sys.stderr,
+            )
+            return 1
     stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
     copy_stderr = (lambda fd, ended: output.copy_showing_startup_notices_once(fd, stderr, ended)) if stderr else None
     status = 1  # what a refusal to start reports, until an attempt has run
