@@ -10,6 +10,8 @@
 #                                                         prints the cluster's directory
 #   scripts/slurm_cluster.sh down DIR|ID                  remove one cluster
 #   scripts/slurm_cluster.sh down --stale                 remove clusters whose owner has died
+#   scripts/slurm_cluster.sh start-slurmd DIR HOST        start HOST's slurmd again (a test that
+#                                                         killed it, as a lost node, brings it back)
 #   scripts/slurm_cluster.sh run [up options] -- COMMAND...
 #                                                         up, COMMAND with SLURM_CONF and
 #                                                         NETNS_CLUSTER_* set, down
@@ -290,6 +292,9 @@ main() {
         down)
             [[ $# -eq 1 ]] || die "usage: $0 down DIR|ID|--stale"
             "$NETNS_CLUSTER" down "$1";;
+        start-slurmd)
+            [[ $# -eq 2 ]] || die "usage: $0 start-slurmd DIR HOST"
+            start_slurmd "$1" "$2";;
         -h|--help|help) usage;;
         *) die "unknown command $command (see $0 --help)";;
     esac
