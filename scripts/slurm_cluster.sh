@@ -31,7 +31,9 @@
 # slurmd then fails ("No filesystem mounted on /sys/fs/cgroup"). Here each slurmd gets a mount
 # namespace of its own where /sys is the host namespace's sysfs (so UCX sees the host's own
 # interfaces, as under `ip netns exec`), /sys/fs/cgroup is the machine's cgroup tree bound back in,
-# and /etc/hosts is the cluster's host list; its tasks inherit all three. So jobs run as in
+# /etc/hosts is the cluster's host list, and /dev/shm is the host's own (MPICH names its shared
+# memory after the job and step ids, which every test cluster numbers from 1: shared, two
+# clusters' jobs collided); its tasks inherit all four. So jobs run as in
 # tests/multihost: UCX_TLS=tcp (or MPIR_CVAR_CH4_NETMOD=ofi FI_PROVIDER=tcp) carries MPI's bytes
 # over the links. ProctrackType=proctrack/pgid and TaskPlugin=task/none: no cgroup is made.
 #
@@ -155,6 +157,7 @@ start_slurmd() {
             mount --rbind "$1" /sys/fs/cgroup
             umount -l "$1"
             mount --bind "/etc/netns/$2/hosts" /etc/hosts
+            mount -t tmpfs -o mode=1777 kd-shm /dev/shm
             exec slurmd -N "$2" -f "$3"' sh "$slurm/mnt/$host" "$host" "$slurm/slurm.conf"
 }
 
