@@ -1,5 +1,5 @@
 """kerasdist's failure paths under a real Slurm: 2 emulated hosts (scripts/slurm_cluster.sh), one
-rank on each, MPICH's ofi netmod over TCP (UCX refuses the hosts' interface under nsenter).
+rank on each, PyPI's MPICH with its ofi netmod over TCP.
 
 - `kerasdist-run --restarts 1` in a batch job: rank 1 raises in epoch 2 of the first attempt, the
   second resumes from the last complete checkpoint and ends on the weights of a run never
@@ -35,12 +35,13 @@ from slurm_utils import SLURM_SCRIPT
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "preemptible_training.py"
 PYTHON = sys.executable
 KERASDIST_RUN = str(Path(sys.executable).parent / "kerasdist-run")
-# MPICH's ofi netmod over TCP: UCX refuses the hosts' interface under nsenter.
+# Not UCX: under srun --mpi=pmi2 its large addresses made Slurm's pmi2 plugin reject a request in
+# MPI_Init now and then ("value not properly terminated in client request"), and the job hung.
 MPI_OVER_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 COLLECTIVE_TIMEOUT_S = 5
-# A waiting rank asks its peers every 5 s; one silent for the collective timeout is gone; the rank
-# writes its message and aborts 1 s later.
-LOST_RANK_NAMED_WITHIN_S = 5 + COLLECTIVE_TIMEOUT_S + 1
+# The rest of the step (the script's ranks wait 1 s after it); then a waiting rank asks its peers
+# after 5 s, takes one silent for the collective timeout for gone, and aborts 1 s after its message.
+LOST_RANK_NAMED_WITHIN_S = 1 + 5 + COLLECTIVE_TIMEOUT_S + 1
 # Start-up of TensorFlow on 2 ranks, teardown and scheduling on a loaded 2-core machine.
 SLACK_S = 10
 JOB_TIMEOUT_S = 180
@@ -236,7 +237,7 @@ def _requeue_recipe():
 
 def test_a_requeued_batch_job_resumes_from_the_last_checkpoint(slurm_cluster, uninterrupted, tmp_path):
     weights, _ = uninterrupted
-    marker = tmp_path / "epoch-2-began"
+    marker = tmp_path / "epoch-2-step-1-done"
     # The recipe runs `.venv/bin/python train.py` in the directory it was submitted from.
     (tmp_path / ".venv").symlink_to(Path(PYTHON).parent.parent)
     training = _training("checkpoints", "--slow-from-epoch", 2, "--marker", marker)[1:]
@@ -298,7 +299,7 @@ def _bring_back(cluster, host):
 
 def _srun_losing_a_host(cluster, tmp_path):
     """srun of the training; the second host is lost in epoch 1. (output, status, seconds to the end)"""
-    marker = tmp_path / "epoch-1-began"
+    marker = tmp_path / "epoch-1-step-1-done"
     finished = {}
 
     def run():
@@ -314,8 +315,9 @@ def _srun_losing_a_host(cluster, tmp_path):
     job_thread = threading.Thread(target=run)
     job_thread.start()
     try:
-        _wait_for_file(marker, "epoch 1")
-        time.sleep(0.5)  # rank 0 is then in a batch, or in the allreduce after it
+        # Struck at once, while every rank waits a second after its step: the rank left then
+        # waits for the lost one in the next step's negotiation, which names the rank it misses.
+        _wait_for_file(marker, "epoch 1's first step")
         fault_at = time.time()
         _lose_host(cluster, cluster.hosts[1])
     except BaseException:
@@ -331,7 +333,7 @@ def _srun_losing_a_host(cluster, tmp_path):
 def _kerasdist_run_losing_a_host(cluster, tmp_path):
     """kerasdist-run in a batch job; the second host is lost in epoch 1. (output, its status, seconds
     to the end)"""
-    marker = tmp_path / "epoch-1-began"
+    marker = tmp_path / "epoch-1-step-1-done"
     command = [KERASDIST_RUN, "-np", "2"]
     command += _training(tmp_path / "checkpoints", "--slow-from-epoch", 1, "--marker", marker)
     batch_script = (
@@ -343,8 +345,7 @@ def _kerasdist_run_losing_a_host(cluster, tmp_path):
         cluster, batch_script, tmp_path, env={"KERASDIST_COLLECTIVE_TIMEOUT_S": COLLECTIVE_TIMEOUT_S}
     )
     try:
-        _wait_for_file(marker, "epoch 1", output=output)
-        time.sleep(0.5)
+        _wait_for_file(marker, "epoch 1's first step", output=output)
         fault_at = time.time()
         _lose_host(cluster, cluster.hosts[1])
         deadline = time.monotonic() + JOB_TIMEOUT_S

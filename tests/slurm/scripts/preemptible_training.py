@@ -5,8 +5,10 @@ The attempt is KERASDIST_RESTART (kerasdist-run --restarts), else SLURM_RESTART_
 Slurm requeued), else 0. On attempt 0 only:
 
   --raise-on-rank R --in-epoch E   rank R raises at batch 2 of epoch E (0-based)
-  --slow-from-epoch E --marker F   from epoch E on each batch takes 0.5 s more, and rank 0 creates
-                                   F when epoch E begins (epoch E - 1's checkpoint is then complete)
+  --slow-from-epoch E --marker F   from epoch E on every rank waits 1 s after each batch, and rank 0
+                                   creates F when epoch E's first batch is done (epoch E - 1's
+                                   checkpoint is then complete, and no rank is in a collective for
+                                   the next second)
   --pause-in-save E --marker F     rank 0, inside the save of epoch E's checkpoint (the archive
                                    written under its temporary name, not yet renamed into place),
                                    creates F and waits 3 s before it goes on
@@ -28,7 +30,7 @@ import numpy as np
 
 import kerasdist as kd
 
-SLOW_BATCH_S = 0.5
+SLOW_BATCH_S = 1
 PAUSE_IN_SAVE_S = 3  # under Slurm's KillWait (5 s in the test cluster)
 
 parser = argparse.ArgumentParser()
@@ -62,8 +64,6 @@ class Faults(keras.callbacks.Callback):
         self.epoch = epoch
         if rank == 0:
             print(f"EPOCH_BEGAN={epoch}", flush=True)
-            if first_attempt and epoch == arguments.slow_from_epoch:
-                Path(arguments.marker).touch()
 
     def on_train_batch_end(self, batch, logs=None):
         if not first_attempt:
@@ -71,6 +71,8 @@ class Faults(keras.callbacks.Callback):
         if rank == arguments.raise_on_rank and self.epoch == arguments.in_epoch and batch == 2:
             raise RuntimeError(f"injected fault on rank {rank} in epoch {self.epoch}")
         if arguments.slow_from_epoch is not None and self.epoch >= arguments.slow_from_epoch:
+            if rank == 0 and self.epoch == arguments.slow_from_epoch and batch == 0:
+                Path(arguments.marker).touch()
             time.sleep(SLOW_BATCH_S)
 
 
