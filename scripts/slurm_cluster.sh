@@ -218,7 +218,7 @@ parse_up_options() {
             --slots) SLOTS=${2:?--slots needs a number}; shift 2;;
             --cpus) CPUS=${2:?--cpus needs a number}; shift 2;;
             --owner) OWNER=${2:?--owner needs a pid}; shift 2;;
-            --) shift; REST=("$@"); return;;
+            --) shift; REST=("$@"); break;;
             *) die "unknown option $1 (see $0 --help)";;
         esac
     done

@@ -8,7 +8,7 @@ Ctrl-C and SIGTERM (and, if pytest is killed outright, by the next `up`). Run jo
 ``cluster.run(["srun", "--mpi=pmi2", "-N2", "-n4", sys.executable, script], tmp_path)`` or
 ``["salloc", "-N2", "-n2", ...]``, and ``cluster.sbatch(script_path, tmp_path, "--requeue")``
 (``sbatch --wait``; output is sbatch's then the job's slurm-JOBID.out). They get ``job_env()``:
-SLURM_CONF, the venv's bin first on PATH, UCX_TLS=tcp (MPI's bytes over the links), the repo on
+SLURM_CONF, the venv's bin first on PATH, MPICH's ofi netmod over TCP (see slurm_utils), the repo on
 PYTHONPATH; ``env={...}`` adds variables. Each returns launch_utils.JobResult (output in a file,
 timeout, leftovers killed); afterwards every job left in the queue is cancelled.
 ``cluster.command(["squeue", ...])`` runs a client command; ``cluster.directory`` holds

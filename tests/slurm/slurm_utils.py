@@ -1,10 +1,12 @@
 """A real Slurm on emulated hosts (scripts/slurm_cluster.sh), and jobs run on it as users run them.
 
 Jobs go through Slurm's own commands (srun, sbatch, salloc) with the cluster's SLURM_CONF, the
-venv's bin first on PATH, and UCX_TLS=tcp so that MPI's bytes cross the emulated links (see
-scripts/slurm_cluster.sh). Each job's output goes to a file (tests/launch/launch_utils.run_job);
-after each one, whatever is left in the queue is cancelled, so a timed-out job cannot hold the
-nodes for the next test.
+venv's bin first on PATH, and MPICH's ofi netmod over TCP (MPIR_CVAR_CH4_NETMOD=ofi
+FI_PROVIDER=tcp): with UCX (UCX_TLS=tcp) Slurm 22.05's pmi2 now and then rejected a rank's
+request at MPI start ("value not properly terminated", "request not begin with 'cmd='"), 2 jobs
+in about 10 here (see docs/deployment.md's Slurm section). Each job's output goes to a file
+(tests/launch/launch_utils.run_job); after each one, whatever is left in the queue is cancelled,
+so a timed-out job cannot hold the nodes for the next test.
 """
 
 import dataclasses
@@ -53,7 +55,11 @@ class SlurmCluster:
 
     def job_env(self, **extra):
         """The environment of a Slurm command: no Slurm variables of ours, this cluster's SLURM_CONF."""
-        environment = {name: value for name, value in tcp_env(**extra).items() if not name.startswith("SLURM")}
+        environment = {
+            name: value
+            for name, value in tcp_env(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp", **extra).items()
+            if not name.startswith("SLURM")
+        }
         environment["SLURM_CONF"] = self.env["SLURM_CONF"]
         environment["PATH"] = f"{VENV_BIN}{os.pathsep}{environment.get('PATH', '')}"
         return environment
