@@ -21,6 +21,8 @@ from multihost_utils import read_env_file, tcp_env
 SLURM_SCRIPT = str(REPO_ROOT / "scripts" / "slurm_cluster.sh")
 VENV_BIN = Path(sys.executable).parent
 DEFAULT_JOB_TIMEOUT_S = 120
+# Not UCX: see the module's docstring.
+MPI_OVER_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
 
 @dataclasses.dataclass
@@ -56,9 +58,7 @@ class SlurmCluster:
     def job_env(self, **extra):
         """The environment of a Slurm command: no Slurm variables of ours, this cluster's SLURM_CONF."""
         environment = {
-            name: value
-            for name, value in tcp_env(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp", **extra).items()
-            if not name.startswith("SLURM")
+            name: value for name, value in tcp_env(**{**MPI_OVER_TCP, **extra}).items() if not name.startswith("SLURM")
         }
         environment["SLURM_CONF"] = self.env["SLURM_CONF"]
         environment["PATH"] = f"{VENV_BIN}{os.pathsep}{environment.get('PATH', '')}"

@@ -35,9 +35,6 @@ from slurm_utils import SLURM_SCRIPT
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "preemptible_training.py"
 PYTHON = sys.executable
 KERASDIST_RUN = str(Path(sys.executable).parent / "kerasdist-run")
-# Not UCX: under srun --mpi=pmi2 its large addresses made Slurm's pmi2 plugin reject a request in
-# MPI_Init now and then ("value not properly terminated in client request"), and the job hung.
-MPI_OVER_TCP = {"MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 COLLECTIVE_TIMEOUT_S = 5
 # The rest of the step (the script's ranks wait 1 s after it); then a waiting rank asks its peers
 # after 5 s, takes one silent for the collective timeout for gone, and aborts 1 s after its message.
@@ -52,7 +49,7 @@ PAUSE_IN_SAVE_S = 3
 
 def _job_env(extra=None):
     """What the jobs add to the cluster's job environment."""
-    return {**MPI_OVER_TCP, "TF_NUM_INTRAOP_THREADS": 1, **(extra or {})}
+    return {"TF_NUM_INTRAOP_THREADS": 1, **(extra or {})}
 
 
 def _slurm(cluster, *argv, env=None, cwd=None):
