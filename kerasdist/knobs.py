@@ -210,9 +210,9 @@ KNOBS = (
         "--collective-timeout-s",
         600.0,
         _seconds_or_milliseconds(_A_YEAR_S, " s"),
-        "end the job when a collective every rank has agreed to run moves no data for this long (a rank "
-        "or the network between ranks is gone); waiting for a rank that has not submitted yet never "
-        "counts; 0: never",
+        "end the job when a collective every rank has agreed to run moves no data for this long, or an MPI "
+        "call of the negotiation does not return (a rank or the network between ranks is gone); waiting "
+        "for a rank that has not submitted yet never counts; 0: never",
         metavar="S",
         to_engine=repr,
     ),

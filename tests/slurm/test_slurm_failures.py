@@ -294,8 +294,8 @@ def _bring_back(cluster, host):
         time.sleep(0.2)
 
 
-def _srun_losing_a_host(cluster, tmp_path):
-    """srun of the training; the second host is lost in epoch 1. (output, status, seconds to the end)"""
+def _srun_struck_in_epoch_1(cluster, tmp_path, strike):
+    """srun of the training, `strike()` called in epoch 1. (output, status, seconds to the end)"""
     marker = tmp_path / "epoch-1-step-1-done"
     finished = {}
 
@@ -316,7 +316,7 @@ def _srun_losing_a_host(cluster, tmp_path):
         # waits for the lost one in the next step's negotiation, which names the rank it misses.
         _wait_for_file(marker, "epoch 1's first step")
         fault_at = time.time()
-        _lose_host(cluster, cluster.hosts[1])
+        strike()
     except BaseException:
         cluster.command(["scancel", "--full", "--user", "root"])  # the job must not outlive the test
         raise
@@ -361,7 +361,9 @@ def test_a_node_lost_mid_job_ends_the_job_naming_the_rank_and_its_host(slurm_clu
     lost = slurm_cluster.hosts[1]
     try:
         if form == "srun":
-            text, status, detected_after = _srun_losing_a_host(slurm_cluster, tmp_path)
+            text, status, detected_after = _srun_struck_in_epoch_1(
+                slurm_cluster, tmp_path, lambda: _lose_host(slurm_cluster, lost)
+            )
             # srun then waits KillWait + 2 s for the lost node's tasks before it gives up on them.
             bound = LOST_RANK_NAMED_WITHIN_S + _kill_wait_s(slurm_cluster) + 2 + SLACK_S
         else:
@@ -373,4 +375,42 @@ def test_a_node_lost_mid_job_ends_the_job_naming_the_rank_and_its_host(slurm_clu
     assert status == 1, text
     assert re.search(rf"rank\(s\) 1 \(host {re.escape(lost)}\) left this rank's questions unanswered", text), text
     assert detected_after < bound, text
+    assert "WEIGHTS=" not in text, text
+
+
+def _kill_rank(directory, rank):
+    """SIGKILLs the rank `rank` of the job running in `directory` (its SLURM_PROCID)."""
+
+    def is_the_rank(pid):
+        try:
+            environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            return (
+                f"SLURM_PROCID={rank}".encode() in environment
+                and SCRIPT.name.encode() in Path(f"/proc/{pid}/cmdline").read_bytes()
+            )
+        except OSError:
+            return False  # ended meanwhile
+
+    [pid] = filter(is_the_rank, _processes_mentioning(str(directory)))
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_a_rank_killed_under_srun_ends_the_job(slurm_cluster, tmp_path):
+    """srun leaves the other tasks running when one dies (no --kill-on-bad-exit), with its host and
+    network up. Rank 0's next negotiation then never returned from MPI_Iallreduce (MPICH's TCP
+    transport retried connecting to the dead rank's port), nor from a question to it, and the job
+    hung until the test's timeout. The watchdog now watches those calls: rank 0 ends the job, and
+    srun names the rank that died."""
+    text, status, detected_after = _srun_struck_in_epoch_1(
+        slurm_cluster, tmp_path, lambda: _kill_rank(tmp_path / "checkpoints", 1)
+    )
+    print(f"RANK KILLED UNDER SRUN: DETECTED_AFTER_S={detected_after:.2f} STATUS={status}")
+    assert status != 0, text
+    assert f"{slurm_cluster.hosts[1]}: task 1: Killed" in text, text
+    assert re.search(
+        rf"on rank 0 \(host {re.escape(slurm_cluster.hosts[0])}\) has not finished after [0-9.]+ s "
+        r"\(KERASDIST_COLLECTIVE_TIMEOUT_S\)",
+        text,
+    ), text
+    assert detected_after < LOST_RANK_NAMED_WITHIN_S + SLACK_S, text
     assert "WEIGHTS=" not in text, text

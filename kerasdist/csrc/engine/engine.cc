@@ -235,7 +235,9 @@ void Engine::Loop() {
       while (!cv_.wait_for(lock, std::chrono::milliseconds(200), has_work)) {
         // Idle but awake now and then, so a rank waiting for this one can learn it is idle.
         lock.unlock();
+        watchdog_->ArmForNegotiationCall();
         stall_inspector_->AnswerQueries();
+        watchdog_->Disarm();
         lock.lock();
       }
       if (backoff.count() > 0 && incoming_.empty() && !shutdown_requested_) {
@@ -315,11 +317,13 @@ bool Engine::RunCycle(bool* progress) {
   if (!blocked_eagerly) bits[0] |= kNobodyBlockedEagerly;
 
   MPI_Request request;
+  watchdog_->ArmForNegotiationCall();
   int code = MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(words_), MPI_UINT64_T,
                             MPI_BAND, comm_, &request);
-  Status status = code == MPI_SUCCESS
-                      ? stall_inspector_->WaitForPeers(&request, [this] { return PendingNames(8); })
-                      : MpiStatus(code, "negotiation", "(cycle)");
+  Status status = code == MPI_SUCCESS ? stall_inspector_->WaitForPeers(
+                                            &request, [this] { return PendingNames(8); }, watchdog_.get())
+                                      : MpiStatus(code, "negotiation", "(cycle)");
+  watchdog_->Disarm();
   if (!status.ok()) {
     Log(3, "%s", status.message.c_str());
     Stop(status, status);

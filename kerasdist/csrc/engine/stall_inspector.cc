@@ -38,9 +38,45 @@ StallInspector::StallInspector(MPI_Comm comm, const EngineOptions& options) : co
     const char* name = all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
     hosts_.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
   }
+  for (Outbox* outbox : {&questions_, &replies_}) {
+    outbox->requests.assign(size_, MPI_REQUEST_NULL);
+    outbox->values = std::make_unique<int64_t[]>(size_);
+  }
 }
 
-Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<std::string()>& pending_names) {
+StallInspector::~StallInspector() {
+  for (Outbox* outbox : {&questions_, &replies_}) {
+    bool undelivered = false;
+    for (MPI_Request& request : outbox->requests) {
+      if (request == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+      if (done) continue;
+      MPI_Request_free(&request);
+      undelivered = true;
+    }
+    // MPI may still read a freed send's buffer: a message to a gone peer keeps its 8 bytes.
+    if (undelivered) outbox->values.release();
+  }
+}
+
+void StallInspector::Post(Outbox* outbox, int peer, int64_t value, int tag) {
+  MPI_Request& request = outbox->requests[peer];
+  if (request != MPI_REQUEST_NULL) {
+    int done = 0;
+    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
+    if (!done) return;
+  }
+  outbox->values[peer] = value;
+  MPI_Isend(&outbox->values[peer], 1, MPI_INT64_T, peer, tag, comm_, &request);
+}
+
+Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<std::string()>& pending_names,
+                                    Watchdog* watchdog) {
+  struct DisarmOnReturn {
+    Watchdog* watchdog;
+    ~DisarmOnReturn() { watchdog->Disarm(); }
+  } disarm_on_return{watchdog};
   const auto start = Clock::now();
   auto next_warning = start + std::chrono::duration<double>(options_.stall_warning_s);
   // Questions to the peers: for the stall warning (half-way to it) and to see that they are there.
@@ -49,6 +85,7 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
   auto next_ask = start + std::chrono::duration<double>(ask_every_s);
   in_negotiation_ = true;
   while (true) {
+    watchdog->ArmForNegotiationCall();
     int done = 0;
     int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
     if (code != MPI_SUCCESS) return MpiStatus(code, "negotiation", "(cycle)");
@@ -66,6 +103,7 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
     }
     std::this_thread::sleep_for(waited < 0.05 ? std::chrono::microseconds(20) : std::chrono::microseconds(500));
     if (waited < 0.05) continue;
+    watchdog->ArmForNegotiationCall();
     AnswerQueries();
     auto now = Clock::now();
     if (ask_every_s > 0 && now >= next_ask) {
@@ -97,8 +135,7 @@ void StallInspector::AnswerQueries() {
     int64_t message = 0;
     MPI_Recv(&message, 1, MPI_INT64_T, status.MPI_SOURCE, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
     if (status.MPI_TAG == kTagStallQuery) {
-      int64_t reply = in_negotiation_ ? cycles_done_ : -1;
-      MPI_Send(&reply, 1, MPI_INT64_T, status.MPI_SOURCE, kTagStallReply, comm_);
+      Post(&replies_, status.MPI_SOURCE, in_negotiation_ ? cycles_done_ : -1, kTagStallReply);
     } else {
       peer_cycle_[status.MPI_SOURCE] = message;
       unanswered_since_[status.MPI_SOURCE] = Clock::time_point{};
@@ -114,10 +151,12 @@ void StallInspector::AskWhoIsMissing(Clock::time_point now) {
     peer_cycle_.assign(size_, kNoAnswer);
     asked_in_cycle_ = cycles_done_;
   }
-  int64_t query = cycles_done_;
+  // Not a blocking send: one to a peer whose process died while its host stays up never returned
+  // (MPICH over TCP, under srun, which leaves the other tasks running), and the collective timeout
+  // below never fired. A peer that has not taken the last question gets no new one.
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    MPI_Send(&query, 1, MPI_INT64_T, r, kTagStallQuery, comm_);
+    Post(&questions_, r, cycles_done_, kTagStallQuery);
     if (unanswered_since_[r] == Clock::time_point{}) unanswered_since_[r] = now;
   }
 }

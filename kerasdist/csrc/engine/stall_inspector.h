@@ -12,20 +12,24 @@
 #include <mpi.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "common.h"
+#include "watchdog.h"
 
 namespace kerasdist {
 
 class StallInspector {
  public:
   StallInspector(MPI_Comm comm, const EngineOptions& options);
+  ~StallInspector();
 
   // Waits for the negotiation `request`, warning every stall_warning_s and failing after
   // stall_timeout_s; `pending_names` describes this rank's pending requests for the messages.
-  Status WaitForPeers(MPI_Request* request, const std::function<std::string()>& pending_names);
+  // `watchdog` watches each of its MPI calls, which return at once while the peers are there.
+  Status WaitForPeers(MPI_Request* request, const std::function<std::string()>& pending_names, Watchdog* watchdog);
   // Answers the other ranks' questions; an idle engine calls it now and then.
   void AnswerQueries();
   // "1 (host node2)", for messages.
@@ -33,6 +37,13 @@ class StallInspector {
 
  private:
   void AskWhoIsMissing(Clock::time_point now);
+  // Sends `value` to `peer` without waiting, unless the last message in `outbox` to that peer is
+  // still on its way (the peer or the link to it is gone): then nothing is sent.
+  struct Outbox {
+    std::vector<MPI_Request> requests;  // per rank, MPI_REQUEST_NULL once delivered
+    std::unique_ptr<int64_t[]> values;  // per rank, the message in flight
+  };
+  void Post(Outbox* outbox, int peer, int64_t value, int tag);
   // The ranks this one waits for, as its peers' last answers describe them.
   std::string MissingRanks(Clock::time_point now) const;
   // Ends the job if a peer has left a question unanswered for the collective timeout.
@@ -48,6 +59,7 @@ class StallInspector {
   std::vector<int64_t> peer_cycle_;  // last reply per rank in that wait: the cycle it waits in, -1 if idle
   std::vector<Clock::time_point> unanswered_since_;  // per rank: its oldest unanswered question, or {}
   std::vector<std::string> hosts_;                   // per rank, for messages
+  Outbox questions_, replies_;
 };
 
 }  // namespace kerasdist

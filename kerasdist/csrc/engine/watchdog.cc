@@ -51,13 +51,14 @@ Watchdog::~Watchdog() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Watchdog::Arm(const char* what, const std::string* name) {
+void Watchdog::Arm(const char* what, const std::string* name, const char* why) {
   if (timeout_s_ <= 0) return;
   std::lock_guard<std::mutex> lock(mu_);
   armed_ = true;
   since_ = Clock::now();
   what_ = what;
   name_ = name;
+  why_ = why;
 }
 
 void Watchdog::Disarm() {
@@ -74,8 +75,7 @@ void Watchdog::Watch() {
     std::ostringstream message;
     message.precision(1);
     message << std::fixed << what_ << (name_ ? " '" + *name_ + "'" : "") << " on rank " << rank_and_host_ << " has not finished after " << Seconds(Clock::now() - since_)
-            << " s (KERASDIST_COLLECTIVE_TIMEOUT_S) although every rank had agreed to run it: a rank or the "
-               "network between the ranks is gone";
+            << " s (KERASDIST_COLLECTIVE_TIMEOUT_S) " << why_ << ": a rank or the network between the ranks is gone";
     EndJob(message.str());
   }
 }

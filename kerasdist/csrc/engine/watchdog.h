@@ -1,8 +1,9 @@
-// Ends the job when a collective that every rank agreed to run makes no progress: a rank or the
-// network between ranks is gone, and the blocked MPI call would otherwise wait for TCP's own
-// timeouts (many minutes) or for ever. Only data movement after negotiation is watched; the wait
-// for ranks that have not submitted yet (one evaluating or checkpointing) is the stall
-// timeout's, so a slow rank never trips this.
+// Ends the job when a collective that every rank agreed to run makes no progress, or when an MPI
+// call of the negotiation that returns at once does not return: a rank or the network between
+// ranks is gone, and the blocked MPI call would otherwise wait for TCP's own timeouts (many
+// minutes) or for ever (MPICH's TCP transport retries connecting to a dead peer's port inside
+// MPI_Iallreduce). The wait for ranks that have not submitted yet (one evaluating or
+// checkpointing) is not watched: it is the stall timeout's, so a slow rank never trips this.
 #pragma once
 
 #include <condition_variable>
@@ -19,6 +20,9 @@ namespace kerasdist {
 // world); this rank is gone within 5 s whatever the launcher does.
 [[noreturn]] void EndJob(const std::string& message);
 
+// Why a watched call that has not finished means a rank or the network is gone.
+inline constexpr char kAgreedToRun[] = "although every rank had agreed to run it";
+
 class Watchdog {
  public:
   // 0 seconds: never fires (and starts no thread).
@@ -27,8 +31,13 @@ class Watchdog {
 
   // `what` ("allreduce") of the collective `name` (or of nothing named, when null) runs from now
   // on; re-arming counts as progress. Every backend call arms it, so nothing is copied here:
-  // both must stay alive until Disarm, which the message is formatted before.
-  void Arm(const char* what, const std::string* name = nullptr);
+  // all three must stay alive until Disarm, which the message is formatted before.
+  void Arm(const char* what, const std::string* name = nullptr, const char* why = kAgreedToRun);
+  // One MPI call of the negotiation (starting it, testing it, the stall questions) runs from now
+  // on: MPI returns from these at once unless it cannot reach a peer.
+  void ArmForNegotiationCall() {
+    Arm("an MPI call of the negotiation", nullptr, "although MPI returns from it at once unless it cannot reach a peer");
+  }
   void Disarm();
 
  private:
@@ -43,6 +52,7 @@ class Watchdog {
   Clock::time_point since_;    // guarded by mu_
   const char* what_ = "";      // guarded by mu_
   const std::string* name_ = nullptr;  // guarded by mu_
+  const char* why_ = kAgreedToRun;     // guarded by mu_
   std::thread thread_;
 };
 
