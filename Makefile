@@ -84,7 +84,7 @@ $(NCCL_VENV)/.built: $(NCCL_VENV)/.installed $(OP_LIBRARY_SOURCES) $(PACKAGE_SOU
 # kerasdist (and its NCCL library) comes from the NCCL venv.
 test-nccl: build-nccl
 	$(RUN_ENV) timeout 300 $(NCCL_VENV)/bin/kerasdist-run --check-build
-	$(RUN_ENV) KERASDIST_EXPECT_NCCL=1 timeout 900 $(NCCL_VENV)/bin/mpiexec -n 2 $(NCCL_PY) -P -m pytest -q \
+	$(RUN_ENV) KD_TEST_EXPECT_NCCL=1 timeout 900 $(NCCL_VENV)/bin/mpiexec -n 2 $(NCCL_PY) -P -m pytest -q \
 	    -p no:cacheprovider tests/collectives
 
 # kerasdist built against Debian's Open MPI (openmpi-bin, libopenmpi-dev) in a venv of its own,

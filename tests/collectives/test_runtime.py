@@ -27,9 +27,9 @@ def test_mpi_built_is_true():
 
 
 def test_nccl_built_says_which_library_was_loaded():
-    # `make test-nccl` sets KERASDIST_EXPECT_NCCL=1 and must run against the NCCL variant, not the
+    # `make test-nccl` sets KD_TEST_EXPECT_NCCL=1 and must run against the NCCL variant, not the
     # normal library of the source tree; build_info.json records what setup.py compiled.
-    expected = os.environ.get("KERASDIST_EXPECT_NCCL", "0") == "1"
+    expected = os.environ.get("KD_TEST_EXPECT_NCCL", "0") == "1"
     build_info = json.loads((Path(kd.__file__).parent / "build_info.json").read_text())
     assert build_info["nccl"] is expected
     assert kd.nccl_built() is expected

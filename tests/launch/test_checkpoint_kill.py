@@ -11,7 +11,7 @@ kill (or the one being saved, when the kill came after it was committed), and te
 never be taken for checkpoints.
 
 The seed (model initialisation, the moment inside model.save) is printed with every failure; set
-KERASDIST_CHECKPOINT_KILL_SEED=<seed> to rerun a failure with it.
+KD_TEST_CHECKPOINT_KILL_SEED=<seed> to rerun a failure with it.
 """
 
 import os
@@ -44,7 +44,7 @@ def kill_points(calls_in_a_save, inside_model_save):
     ids=["numbered_and_pruned", "one_file_overwritten"],
 )
 def test_a_kill_anywhere_in_a_save_leaves_the_previous_checkpoint_loadable(tmp_path, filename, keep_last):
-    seed = int(os.environ.get("KERASDIST_CHECKPOINT_KILL_SEED") or random.randrange(1, 2**31))
+    seed = int(os.environ.get("KD_TEST_CHECKPOINT_KILL_SEED") or random.randrange(1, 2**31))
     inside_model_save = round(random.Random(seed).random(), 3)
     directory = tmp_path / "checkpoints"
     # The calls of a save are counted by the runs themselves (SAVE_CALLS); a save that prunes
