@@ -72,7 +72,11 @@ def parse_args():
         help="sets KERASDIST_FUSION_THRESHOLD (bytes; 0 = no fusion) "
         "before kerasdist starts; default: leave the environment alone",
     )
-    parser.add_argument("--json", default=None, help="rank 0 also writes results here")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="rank 0 also writes a result file here (benchmarks/results.py; `make bench`: benchmarks/results/)",
+    )
     parser.add_argument(
         "--compare_to",
         default=None,
@@ -95,6 +99,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import kerasdist as kd  # noqa: E402
 
 kd.init()
+import results as result_files  # noqa: E402  (benchmarks/results.py, beside this script)
 from mpi4py import MPI  # noqa: E402  (after kerasdist: it owns MPI initialisation)
 
 COMM = MPI.COMM_WORLD
@@ -317,6 +322,7 @@ def main():
         f"kerasdist allreduce benchmark: {SIZE} ranks, MPI: "
         f"{MPI.Get_library_version().splitlines()[0].strip()}, TF {tf.__version__}"
     )
+    run = result_files.start_run("allreduce", launcher=["mpiexec", "-n", str(SIZE)]) if RANK == 0 else None
     results = {"ranks": SIZE}
     if "sizes" in ARGS.only:
         results["sizes"] = bench_sizes()
@@ -331,9 +337,7 @@ def main():
     if ARGS.compare_to:
         compare_runs(results, ARGS.compare_to)
     if RANK == 0 and ARGS.json:
-        os.makedirs(os.path.dirname(os.path.abspath(ARGS.json)), exist_ok=True)
-        with open(ARGS.json, "w") as f:
-            json.dump(results, f, indent=2)
+        result_files.write(ARGS.json, result_files.finish_run(run, repeats=ARGS.repeats, **results))
     return 0
 
 

@@ -5,7 +5,8 @@ How to run (one process; it starts the measured ones itself):
   .venv/bin/python benchmarks/keras_scaling.py                # what `make bench` runs, ~6-8 min
   .venv/bin/python benchmarks/keras_scaling.py --rounds=2 --num_iters=3   # quick look
 
-It prints a table of medians and ratios and writes --json (bench-results/keras_scaling.json).
+It prints a table of medians and ratios and writes a result file to --json (benchmarks/results.py;
+default bench-results/keras_scaling.json, `make bench`: benchmarks/results/keras_scaling.json).
 
 What is measured
   Each configuration is one run of examples/keras_synthetic_benchmark.py (a model
@@ -62,7 +63,6 @@ Every run is bounded by `timeout` (--run_timeout_s); a failed run stops the
 benchmark with its output and a non-zero exit.
 """
 
-import datetime
 import json
 import os
 import pathlib
@@ -72,6 +72,7 @@ import subprocess
 import sys
 import time
 
+import results as result_files  # benchmarks/results.py, beside this script
 from absl import app, flags
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -328,23 +329,13 @@ def compare_thread_pools():
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    run = result_files.start_run("keras_thread_pools" if THREAD_POOLS.value else "keras_scaling")
     if THREAD_POOLS.value:
         result = compare_thread_pools()
         path = pathlib.Path(
             JSON_PATH.value if flags.FLAGS["json"].present else REPO / "bench-results" / "keras_thread_pools.json"
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            json.dumps(
-                {
-                    "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                    "model": MODEL.value,
-                    "ranks": RANKS.value,
-                    **result,
-                },
-                indent=2,
-            )
-        )
+        result_files.write(path, result_files.finish_run(run, model=MODEL.value, ranks=RANKS.value, **result))
         print(f"wrote {path}")
         return
     configurations = commands()
@@ -361,7 +352,6 @@ def main(argv):
     print_summary(summary, names)
 
     setup = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "model": MODEL.value,
         "batch_size_per_rank": BATCH_SIZE.value,
         "ranks": RANKS.value,
@@ -374,9 +364,7 @@ def main(argv):
         "cpus": os.cpu_count(),
         "commands": {name: " ".join(command) for name, command in configurations.items()},
     }
-    path = pathlib.Path(JSON_PATH.value)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"setup": setup, "summary": summary, "runs": runs}, indent=2))
+    path = result_files.write(JSON_PATH.value, result_files.finish_run(run, setup=setup, summary=summary, runs=runs))
     print(f"wrote {path}")
 
 

@@ -7,7 +7,12 @@ negotiation cache both names take the fast path (one bitwise-AND allreduce of th
 vector); with KERASDIST_CACHE_CAPACITY=1 each name evicts the other, so every op takes the slow
 path (requests gathered to rank 0, validated, responses broadcast). Raw MPI: mpi4py Allreduce of
 one float32 in a Python loop, the cost of the data movement alone. Rank 0 prints
-NEGOTIATION {"ranks", "cache_capacity", "raw_s", "ours_s", "raw_samples", "ours_samples"}.
+NEGOTIATION {"ranks", "cache_capacity", "raw_s", "ours_s", "raw_samples", "ours_samples"}, and
+with --json writes the same as a result file (benchmarks/results.py). `make bench` runs it at 2
+ranks on this host, once per path:
+
+  .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/negotiation.py --json fast.json
+  KERASDIST_CACHE_CAPACITY=1 .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/negotiation.py --json slow.json
 """
 
 import argparse
@@ -27,6 +32,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import kerasdist as kd  # noqa: E402
 
 kd.init()
+import results as result_files  # noqa: E402  (benchmarks/results.py, beside this script)
 from mpi4py import MPI  # noqa: E402
 
 COMM = MPI.COMM_WORLD
@@ -51,7 +57,11 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=200, help="loop iterations (2 ops each) per sample")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", default=None, help="rank 0 also writes a result file here")
     args = parser.parse_args()
+    capacity = os.environ.get("KERASDIST_CACHE_CAPACITY")
+    launcher = [*([f"KERASDIST_CACHE_CAPACITY={capacity}"] if capacity else []), "mpiexec", "-n", str(COMM.size)]
+    run = result_files.start_run("negotiation", launcher=launcher) if COMM.rank == 0 else None
 
     x = tf.constant([float(COMM.rank)])
     if float(alternating(x, tf.constant(2))[0]) != COMM.size - 1:
@@ -68,20 +78,17 @@ def main():
         raw_samples.append(timed(raw, 2 * args.iterations))
         ours_samples.append(timed(lambda: alternating(x, iterations), 2 * args.iterations))
     if COMM.rank == 0:
-        print(
-            "NEGOTIATION "
-            + json.dumps(
-                {
-                    "ranks": COMM.size,
-                    "cache_capacity": int(os.environ.get("KERASDIST_CACHE_CAPACITY", "1024")),
-                    "raw_s": statistics.median(raw_samples),
-                    "ours_s": statistics.median(ours_samples),
-                    "raw_samples": raw_samples,
-                    "ours_samples": ours_samples,
-                }
-            ),
-            flush=True,
-        )
+        report = {
+            "ranks": COMM.size,
+            "cache_capacity": int(capacity or "1024"),
+            "raw_s": statistics.median(raw_samples),
+            "ours_s": statistics.median(ours_samples),
+            "raw_samples": raw_samples,
+            "ours_samples": ours_samples,
+        }
+        print("NEGOTIATION " + json.dumps(report), flush=True)
+        if args.json:
+            result_files.write(args.json, result_files.finish_run(run, iterations=args.iterations, **report))
 
 
 if __name__ == "__main__":
