@@ -2,8 +2,8 @@
 
 Each `Knob` names its environment variable, its `kerasdist-run` flag, its default, how its
 text is checked and what it means. `runtime.init()` reads them through `Knobs.from_environment`,
-the launcher builds its flags and the variables it forwards from `KNOBS`, and the README's knob
-table says the same: a value one of them accepts, all of them accept. Standard library only, so
+the launcher builds its flags and the variables it forwards from `KNOBS`, and the knob table of
+docs/configuration.md says the same: a value one of them accepts, all of them accept. Standard library only, so
 the launcher starts without TensorFlow or MPI.
 """
 
@@ -289,7 +289,7 @@ def unknown_variables_message(environ):
         described.append(f"{name} (did you mean {closest[0]}?)" if closest else name)
     return (
         f"kerasdist does not read {', '.join(described)}: unknown KERASDIST_* variable(s) are ignored; "
-        f"the known ones are listed in the README's knob table"
+        f"the known ones are listed in docs/configuration.md"
     )
 
 

@@ -1,4 +1,4 @@
-"""The timeline (KERASDIST_TIMELINE) holds what the README's Knobs table promises: a Chrome trace
+"""The timeline (KERASDIST_TIMELINE) holds what docs/configuration.md's knob table promises: a Chrome trace
 that rank 0 alone writes, with each tensor's queued / copy_in / allreduce / scale phases (copy_in
 for fused tensors only; a compressed tensor reduced alone is copied in and out instead of
 scaled), the per-op phase of the other collectives, and a mark per negotiation cycle. One 2-rank
