@@ -1,0 +1,354 @@
+"""Makes the measurement tables of the docs pages, and their plots, from the result files.
+
+How to run (`make bench` and `make bench-net` run it after their benchmarks; `make
+results-pages` runs it alone):
+
+  .venv/bin/python benchmarks/render.py            # rewrite the pages' tables
+  .venv/bin/python benchmarks/render.py --plots    # and redraw the plots the result files allow
+  .venv/bin/python benchmarks/render.py --check    # exit 1 naming each page that differs
+
+A page marks each generated block with a pair of comments; everything between them is this
+script's, and a hand edit there is undone by the next run (tests/test_results_pages.py fails on
+one meanwhile):
+
+  <!-- results:allreduce#sizes -->
+  ...table, and the line saying which run it comes from...
+  <!-- /results -->
+
+The name before `#` is a result file of benchmarks/results/ (or a block of several: see
+BLOCKS), the name after it one of its tables. Files a benchmark measured are laid out here from
+their numbers; transcribed files, and the expensive benchmarks that lay out their own tables,
+carry them as {"columns", "rows"}. Every block ends with its provenance: measured (date, commit,
+machine, load, command) or recorded (when, and from which page it was transcribed). The output
+depends only on the result files, so the same files always make the same pages.
+"""
+
+import argparse
+import pathlib
+import re
+import statistics
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import results as result_files  # noqa: E402  (benchmarks/results.py)
+
+REPO = result_files.REPO
+RESULTS_DIR = result_files.RESULTS_DIR
+PAGES = [REPO / "docs" / name for name in ("performance.md", "network.md", "experiments.md")]
+BLOCK = re.compile(r"(<!-- results:(?P<name>[^>\n]+?) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+# ---- formatting -------------------------------------------------------------------------------
+
+
+def duration(seconds):
+    """A time per op as the tables show it: µs below a millisecond, else ms, 2-3 digits."""
+    micros = seconds * 1e6
+    if micros < 10:
+        return f"{micros:.1f} µs"
+    if micros < 1000:
+        return f"{micros:.0f} µs"
+    millis = micros / 1e3
+    return f"{millis:.2f} ms" if millis < 10 else f"{millis:.1f} ms" if millis < 100 else f"{millis:.0f} ms"
+
+
+def size(nbytes):
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            value = nbytes / scale
+            return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+def markdown(columns, rows):
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def provenance(record):
+    """One line: where the numbers of ``record`` come from."""
+    if record["source"] != result_files.MEASURED:
+        line = f"Recorded {record['recorded']} ({record['source']}; not re-run since)"
+    else:
+        git, machine = record["git"], record["machine"]
+        commit = (git["commit"] or "unknown")[:7] + (" with uncommitted changes" if git["dirty"] else "")
+        load = machine["load_average_at_start"][0]
+        line = (
+            f"Measured {record['date'].replace('T', ' ').replace('+00:00', ' UTC')} at commit {commit}, "
+            f"{machine['cores']} × {machine['cpu']}, load average {load:.1f} at the start"
+        )
+    note = f" {record['notes'][0].upper()}{record['notes'][1:]}." if record.get("notes") else ""
+    return f"*{line}.{note} Command: `{record['command']}`*"
+
+
+def load(name):
+    path = RESULTS_DIR / f"{name}.json"
+    if not path.is_file():
+        raise SystemExit(f"no result file {path.relative_to(REPO)}: a page shows it; run its benchmark with --json")
+    return result_files.read(path)
+
+
+# ---- blocks made from measured numbers ----------------------------------------------------------
+
+
+def allreduce_sizes():
+    record = load("allreduce")
+    rows = [
+        [
+            size(row["size_bytes"]),
+            duration(row["raw_s"]),
+            duration(row["ours_s"]),
+            f"{row['ratio']:.2f} ({row['ratio_low']:.2f}–{row['ratio_high']:.2f})",
+        ]
+        for row in record["sizes"]
+    ]
+    columns = ["float32 size", "raw MPI", "kerasdist", "kerasdist / raw bandwidth (range over repeats)"]
+    return markdown(columns, rows), [record]
+
+
+FUSION_CASES = (
+    ("many", "kerasdist: kd.grouped_allreduce", "one `grouped_allreduce`"),
+    ("many", None, "one `allreduce` op per tensor"),
+    ("resnet50", "kerasdist: kd.grouped_allreduce", "one `grouped_allreduce`"),
+)
+
+
+def allreduce_fusion():
+    """Fused (default threshold) against unfused (threshold 0): two runs, so each kerasdist time
+    is also given against raw per-tensor MPI of its own run, which cancels drift between them."""
+    fused_run, unfused_run = load("allreduce"), load("allreduce_unfused")
+    rows = []
+    for section, label, shown in FUSION_CASES:
+        fused, unfused = fused_run[section], unfused_run[section]
+        if label is None:
+            label = f"kerasdist: {fused['tensors']} kd.allreduce per step"
+        raw = "raw: one Allreduce per tensor"
+        what = (
+            f"{fused['tensors']} × {size(fused['bytes'] // fused['tensors'])}"
+            if section == "many"
+            else f"ResNet-50's {fused['tensors']} gradients ({size(fused['bytes'])})"
+        )
+        fused_share = fused["step_seconds"][label] / fused["step_seconds"][raw]
+        unfused_share = unfused["step_seconds"][label] / unfused["step_seconds"][raw]
+        rows.append(
+            [
+                f"{what}, {shown}",
+                duration(fused["step_seconds"][raw]),
+                duration(fused["step_seconds"]["raw: one flat buffer"]),
+                f"{duration(fused['step_seconds'][label])} ({fused_share:.2f})",
+                f"{duration(unfused['step_seconds'][label])} ({unfused_share:.2f})",
+                f"{unfused_share / fused_share:.2f}×",
+            ]
+        )
+    columns = [
+        "per step",
+        "raw: per tensor",
+        "raw: one flat buffer",
+        "kerasdist, default threshold (÷ raw per tensor)",
+        "kerasdist, threshold 0 (÷ raw per tensor of its run)",
+        "fused speed-up",
+    ]
+    return markdown(columns, rows), [fused_run, unfused_run]
+
+
+KERAS_ROWS = (
+    ("plain", "plain Keras, 1 process"),
+    ("kerasdist-1", "kerasdist, 1 process"),
+    ("kerasdist-N", "kerasdist, {n} ranks"),
+    ("independent-N", "{n} independent plain processes"),
+)
+
+
+def keras_throughput():
+    record = load("keras_scaling")
+    summary, ranks = record["summary"], record["setup"]["ranks"]
+    rows = [
+        [
+            shown.format(n=ranks),
+            f"{summary['images_per_second']['median'][name]:.0f}",
+            f"{summary['images_per_second']['best'][name]:.0f}",
+            f"{summary['step_ms'][name]:.1f}",
+            f"{summary['cpu_ms_per_step_per_rank'][name]:.1f}",
+        ]
+        for name, shown in KERAS_ROWS
+    ]
+    columns = ["configuration", "median img/s", "best run", "step ms", "CPU ms/step/rank"]
+    return markdown(columns, rows), [record]
+
+
+def keras_ratios():
+    record = load("keras_scaling")
+    estimates, n = record["summary"]["ratios"], record["setup"]["ranks"]
+    shown = (
+        ("size1_overhead", "size-1 overhead, 1 − thr(kd, 1) / thr(plain)", "{:+.1%}", "≤ 3 %"),
+        ("efficiency_vs_kerasdist_1", f"E({n}) = thr(kd, {n}) / ({n} · thr(kd, 1))", "{:.3f}", "≥ 0.9"),
+        ("efficiency_vs_plain", f"E({n}) against plain Keras at 1 process", "{:.3f}", ""),
+        ("ceiling_efficiency", f"ceiling E({n}), {n} independent processes", "{:.3f}", ""),
+        ("efficiency_over_ceiling", f"E({n}) / ceiling: the share of the machine's own scaling kept", "{:.3f}", ""),
+    )
+    order = ("median", "per round", "best run", "CPU time")
+    rows = [
+        [label, *(fmt.format(estimates[way][key]).replace("-", "−") for way in order), target]
+        for key, label, fmt, target in shown
+    ]
+    return markdown(["ratio", *order, "target"], rows), [record]
+
+
+def negotiation_one_host():
+    fast, slow = load("negotiation_fast_path"), load("negotiation_slow_path")
+    raw = statistics.median(fast["raw_samples"] + slow["raw_samples"])
+    row = [
+        f"{fast['ranks']} (one host)",
+        duration(raw),
+        duration(fast["ours_s"]),
+        duration(slow["ours_s"]),
+        duration(fast["ours_s"] - raw),
+        duration(slow["ours_s"] - fast["ours_s"]),
+    ]
+    columns = ["ranks", "raw MPI 4-byte allreduce", "kerasdist, fast path", "kerasdist, slow path"]
+    return markdown([*columns, "fast − raw", "slow − fast"], [row]), [fast, slow]
+
+
+BLOCKS = {
+    "allreduce#sizes": allreduce_sizes,
+    "allreduce#fusion": allreduce_fusion,
+    "keras_scaling#throughput": keras_throughput,
+    "keras_scaling#ratios": keras_ratios,
+    "negotiation#one_host": negotiation_one_host,
+}
+
+
+def laid_out_table(name):
+    """A table a result file carries laid out (transcribed, or printed by its benchmark)."""
+    file, _, key = name.partition("#")
+    record = load(file)
+    tables = record.get("tables", {})
+    if key not in tables:
+        raise SystemExit(f"{file}.json has no table {key!r} (it has {sorted(tables)}); fix the page's marker")
+    return markdown(tables[key]["columns"], tables[key]["rows"]), [record]
+
+
+def block(name):
+    """The generated text between a block's markers."""
+    table, records = BLOCKS.get(name, lambda: laid_out_table(name))()
+    return table + "\n\n" + "\n\n".join(provenance(record) for record in records) + "\n"
+
+
+def render_page(text):
+    """``text`` with every block's body made anew from the result files."""
+    return BLOCK.sub(lambda m: m.group(1) + block(m.group("name")) + m.group(4), text)
+
+
+def expected_pages():
+    """Each page as the result files in the repository make it."""
+    return {page: render_page(page.read_text(encoding="utf-8")) for page in PAGES}
+
+
+# ---- plots --------------------------------------------------------------------------------------
+
+
+def plot_allreduce(path):
+    """kerasdist against raw MPI per size on one host, with the range over repeats."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    record = load("allreduce")
+    rows = record["sizes"]
+    sizes = [row["size_bytes"] for row in rows]
+    ratios = [row["ratio"] for row in rows]
+    below = [row["ratio"] - row["ratio_low"] for row in rows]
+    above = [row["ratio_high"] - row["ratio"] for row in rows]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    ax.errorbar(sizes, ratios, yerr=[below, above], marker="o", capsize=3, label="kerasdist / raw MPI bandwidth")
+    ax.axhline(1.0, color="grey", ls=":", lw=1, label="parity with raw MPI")
+    ax.set(
+        xscale="log",
+        xlabel="float32 tensor size (bytes)",
+        ylabel="raw MPI time / kerasdist time",
+        title=f"allreduce at {record['ranks']} ranks on one host (median; bars: range over repeats)",
+    )
+    ax.set_xticks(sizes, [size(s) for s in sizes])
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, f"{record['date']}, {record['machine']['cores']} cores, shared machine", fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=100, metadata={"Software": None})
+    plt.close(fig)
+
+
+def plot_with_benchmark(module_name, draw):
+    """A plot the benchmark itself draws from its own runs' data, which only measured result
+    files hold (a transcribed file keeps the tables only, and the page keeps its recorded plot)."""
+
+    def plot(record, path):
+        import argparse as argparse_module
+        import importlib
+
+        module = importlib.import_module(module_name)
+        draw(module, record, argparse_module.Namespace(**record["config"]), path)
+
+    return plot
+
+
+PLOTS = {
+    "docs/allreduce_one_host.png": ("allreduce", lambda record, path: plot_allreduce(path)),
+    "docs/large_batch_32x_64x.png": (
+        "large_batch",
+        plot_with_benchmark("large_batch", lambda m, r, args, path: m.save_plot(r["results"], args, path)),
+    ),
+    "docs/large_batch.png": (
+        "large_batch_16x",
+        plot_with_benchmark("large_batch", lambda m, r, args, path: m.save_plot(r["results"], args, path)),
+    ),
+    "docs/batch_growth.png": (
+        "batch_growth",
+        plot_with_benchmark(
+            "batch_growth", lambda m, r, args, path: m.save_plot(r["results"], r["targets"], args, path)
+        ),
+    ),
+    "docs/slow_links_accuracy.png": (
+        "slow_links_cluster",
+        plot_with_benchmark(
+            "slow_links_cluster",
+            lambda m, r, args, path: m.save_plot(r["results"], r["targets"], args, r["link_tcp_gbits"], path),
+        ),
+    ),
+}
+
+
+def draw_plots(say):
+    for png, (name, draw) in PLOTS.items():
+        record = load(name)
+        if record["source"] != result_files.MEASURED:
+            say(f"  {png}: kept as drawn ({name}.json is transcribed: it holds the tables, not the runs' curves)")
+            continue
+        draw(record, REPO / png)
+        say(f"  {png}: drawn from {name}.json")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 if a page is not as generated")
+    parser.add_argument("--plots", action="store_true", help="also redraw the plots from the result files")
+    args = parser.parse_args()
+    stale = []
+    for page, text in expected_pages().items():
+        if page.read_text(encoding="utf-8") == text:
+            continue
+        stale.append(page.relative_to(REPO))
+        if not args.check:
+            page.write_text(text, encoding="utf-8")
+    if args.check:
+        for page in stale:
+            print(f"{page}: not what benchmarks/render.py makes of benchmarks/results/; run it (make results-pages)")
+        return 1 if stale else 0
+    print("rewrote " + (", ".join(map(str, stale)) if stale else "nothing: the pages were up to date"))
+    if args.plots:
+        draw_plots(print)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
