@@ -151,23 +151,38 @@ soak: build
 demo: build
 	$(RUN_ENV) timeout 300 $(VENV)/bin/kerasdist-run -np 2 $(PY) examples/keras_digits.py
 
+# The one-host benchmarks, each writing its result file to benchmarks/results/; then the tables
+# and plots of docs/performance.md and docs/network.md are made anew from those files.
+RESULTS := benchmarks/results
 bench: build
-	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --json bench-results/allreduce.json
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --json $(RESULTS)/allreduce.json
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --only many resnet50 \
-	    --fusion_threshold=0 --compare_to bench-results/allreduce.json
-	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py
+	    --fusion_threshold=0 --compare_to $(RESULTS)/allreduce.json --json $(RESULTS)/allreduce_unfused.json
+	$(RUN_ENV) timeout 300 $(MPIEXEC) -n 2 $(PY) benchmarks/negotiation.py --json $(RESULTS)/negotiation_fast_path.json
+	$(RUN_ENV) KERASDIST_CACHE_CAPACITY=1 timeout 300 $(MPIEXEC) -n 2 $(PY) benchmarks/negotiation.py \
+	    --json $(RESULTS)/negotiation_slow_path.json
+	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --json $(RESULTS)/keras_scaling.json
 	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools
+	$(MAKE) --no-print-directory results-pages
+
+# The measurement tables of docs/performance.md, network.md and experiments.md, and the plots the
+# result files allow, from benchmarks/results/ alone (benchmarks/render.py); runs nothing else.
+.PHONY: results-pages
+results-pages: venv
+	$(PY) benchmarks/render.py --plots
 
 # Emulated hosts (network namespaces; needs root): two on a 1 Gbit/s and on an unshaped link
 # (allreduce against raw MPI, fusion, compression, model.fit throughput), then negotiation cost
 # at 2-16 ranks on four, then fixed batch against noise-scale growth on two hosts at 1 Gbit/s,
 # then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging);
-# ~80 min. Tables in docs/network.md and (growth) docs/experiments.md.
+# ~80 min. Each writes its result file to benchmarks/results/; then the tables of docs/network.md
+# and (growth) docs/experiments.md are made anew from those files.
 bench-net: build
-	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py
-	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py
-	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py
-	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py
+	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py --json $(RESULTS)/network.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py --json $(RESULTS)/negotiation_scaling.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py --json $(RESULTS)/batch_growth_cluster.json
+	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py --json $(RESULTS)/slow_links_cluster.json
+	$(MAKE) --no-print-directory results-pages
 
 clean:
 	rm -rf build kerasdist/_kerasdist_ops*.so kerasdist/build_info.json $(VENV)/.built $(NCCL_VENV)/.built
