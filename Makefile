@@ -13,7 +13,7 @@ NCCL_VENV := .venv-nccl
 NCCL_PY := $(NCCL_VENV)/bin/python
 PACKAGE_SOURCES := $(wildcard kerasdist/*.py kerasdist/*/*.py kerasdist/*/*/*.py)
 
-.PHONY: venv build lint test soak demo bench bench-net build-nccl test-nccl build-openmpi test-openmpi cluster-packages clean
+.PHONY: venv build lint docs test soak demo bench bench-net build-nccl test-nccl build-openmpi test-openmpi cluster-packages clean
 
 venv: $(VENV)/.editable
 
@@ -39,6 +39,16 @@ $(VENV)/.built: $(VENV)/.editable $(OP_LIBRARY_SOURCES)
 lint: venv
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
+
+# The documentation site, build/docs/html/index.html: the Markdown pages and an API reference
+# from the docstrings (Sphinx, docs/conf.py), any warning an error. Its requirements go into .venv,
+# where autodoc can import kerasdist; a second run rebuilds only the pages whose sources changed.
+docs: $(VENV)/.docs-installed build
+	$(RUN_ENV) $(VENV)/bin/sphinx-build -q -W --keep-going -b html -d build/docs/doctrees docs build/docs/html
+
+$(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
+	$(PY) -m pip install -q -r requirements-docs.txt
+	touch $@
 
 # First the Debian packages of the real-cluster tests (as root; elsewhere those tests skip, naming
 # why). Size 1 runs everything but tests/openmpi (tests/launch, tests/multihost and tests/slurm

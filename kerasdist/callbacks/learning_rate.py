@@ -146,12 +146,15 @@ class LearningRateSchedule(_LearningRateCallback):
 
     Example: the classic ImageNet schedule after 5 epochs of warmup.
 
-        callbacks = [
-            kerasdist.callbacks.LearningRateWarmup(warmup_epochs=5),
-            kerasdist.callbacks.LearningRateSchedule(1.0, start_epoch=5, end_epoch=30),
-            kerasdist.callbacks.LearningRateSchedule(0.1, start_epoch=30, end_epoch=60),
-            kerasdist.callbacks.LearningRateSchedule(0.01, start_epoch=60),
-        ]
+    ```python
+    import kerasdist
+    callbacks = [
+        kerasdist.callbacks.LearningRateWarmup(warmup_epochs=5),
+        kerasdist.callbacks.LearningRateSchedule(1.0, start_epoch=5, end_epoch=30),
+        kerasdist.callbacks.LearningRateSchedule(0.1, start_epoch=30, end_epoch=60),
+        kerasdist.callbacks.LearningRateSchedule(0.01, start_epoch=60),
+    ]
+    ```
     """
 
     def __init__(

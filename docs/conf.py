@@ -1,0 +1,114 @@
+"""Sphinx configuration of kerasdist's documentation site (`make docs`, output in build/docs/html).
+
+The guide pages are the Markdown files of this folder, read by MyST as GitHub shows them; the API
+reference (api/*.rst) is autodoc over kerasdist's Google-style docstrings, read by napoleon.
+"""
+
+import os
+import pathlib
+import re
+import sys
+
+from myst_parser.parsers.sphinx_ import MystParser
+from sphinx.directives.other import Include
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the checkout's kerasdist, also where it is not installed
+
+project = "kerasdist"
+author = "the kerasdist developers"
+copyright = "the kerasdist developers"
+
+extensions = ["sphinx.ext.autodoc", "sphinx.ext.napoleon", "myst_parser"]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+root_doc = "index"
+
+# The pages link to headings by GitHub's anchors (guide.md#what-each-piece-does).
+myst_heading_anchors = 6
+# Some pages step from ## to ####, which GitHub renders as written; the site does too.
+suppress_warnings = ["myst.header"]
+# The docstrings write code as Markdown does, in single backticks: show it as code, linked to its
+# reference entry where one exists.
+default_role = "py:obj"
+
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+autodoc_member_order = "bysource"
+autodoc_typehints = "none"  # the docstrings say what the arguments are; there are few annotations
+
+html_theme = "furo"
+html_title = "kerasdist"
+
+# A docstring's example is a Markdown code fence (```python ... ```), as GitHub and an editor
+# show it and as tests/test_docstring_examples.py runs it; reStructuredText needs a directive.
+_FENCE = re.compile(r"^(?P<indent>\s*)```(?P<language>\w*)\s*$")
+_BACKTICKED = re.compile(r"(``.*?``|`[^`]*`)")
+
+
+def _bars_escaped(line):
+    """The docstrings write absolute values and norms as |x|, which reStructuredText would read
+    as a substitution reference."""
+    return "".join(part if part.startswith("`") else part.replace("|", "\\|") for part in _BACKTICKED.split(line))
+
+
+def docstring_as_restructuredtext(app, what, name, obj, options, lines):
+    converted, inside_fence, indent = [], False, ""
+    for line in lines:
+        fence = _FENCE.match(line)
+        if fence and not inside_fence:
+            inside_fence, indent = True, fence["indent"]
+            converted += [f"{indent}.. code-block:: {fence['language'] or 'text'}", ""]
+        elif fence:
+            inside_fence = False
+            converted.append("")
+        elif inside_fence:
+            converted.append(f"{indent}   {line.removeprefix(indent)}" if line.strip() else "")
+        else:
+            converted.append(_bars_escaped(line))
+    lines[:] = converted
+
+
+_LINK_TARGET = re.compile(r"(\]\()([^)\s#]+)")
+# Markdown files at the top of the checkout that are pages of the site, included by an .rst page.
+_INCLUDED_PAGES = {ROOT / "README.md": "index.rst", ROOT / "CHANGELOG.md": "changelog.rst"}
+
+
+def _links_for_the_site(text, base):
+    """The Markdown text's links, written relative to the folder `base` as GitHub reads them,
+    rewritten relative to docs/ and to the pages that include README.md and CHANGELOG.md."""
+
+    def rewritten(match):
+        target = (base / match[2]).resolve()
+        if target in _INCLUDED_PAGES:
+            return match[1] + _INCLUDED_PAGES[target]
+        if base == ROOT and target.exists():
+            return match[1] + os.path.relpath(target, ROOT / "docs")
+        return match[0]  # a docs page's own links, or code that looks like a link
+
+    return _LINK_TARGET.sub(rewritten, text)
+
+
+def links_of_a_docs_page(app, docname, source):
+    source[0] = _links_for_the_site(source[0], ROOT / "docs")
+
+
+class _MarkdownForTheSite(MystParser):
+    def parse(self, inputstring, document):
+        folder = pathlib.Path(document["source"]).resolve().parent
+        super().parse(_links_for_the_site(inputstring, folder), document)
+
+
+class IncludeMarkdown(Include):
+    """``.. include-markdown:: ../README.md``: a Markdown file of another folder read by MyST, its
+    links rewritten for docs/ (Sphinx's include-read event is not sent for a file with a parser)."""
+
+    def run(self):
+        self.options["parser"] = _MarkdownForTheSite
+        return super().run()
+
+
+def setup(app):
+    # After napoleon (priority 500), which reads the Google-style sections around the fences.
+    app.connect("autodoc-process-docstring", docstring_as_restructuredtext, priority=600)
+    app.connect("source-read", links_of_a_docs_page)
+    app.add_directive("include-markdown", IncludeMarkdown)
