@@ -5,8 +5,10 @@ How to run (one process; kerasdist at size 1, so growth raises `backward_passes_
   .venv/bin/python benchmarks/batch_growth.py            # the full run, about 10 min on 2 busy cores
   .venv/bin/python benchmarks/batch_growth.py --quick    # smoke version, under a minute
 
-It prints the tuning table, the results table and each growth run's decisions (markdown), and
-writes <out_dir>/batch_growth.json and, when matplotlib is installed, <out_dir>/batch_growth.png.
+It prints the tuning table, the results table and each growth run's decisions (markdown), writes
+a result file (benchmarks/results.py) to --json (default <out_dir>/batch_growth.json;
+docs/experiments.md shows benchmarks/results/batch_growth.json and batch_growth_digits.json) and,
+when matplotlib is installed, <out_dir>/batch_growth.png.
 
 The task: the generator and student of the LARS/LAMB experiment, with a larger pool
   `make_teacher_task` and `build_student` are imported from benchmarks/large_batch.py (read
@@ -66,7 +68,6 @@ micro-batch gradients); in a data-parallel run each saved step is a saved allred
 """
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -83,6 +84,7 @@ import tensorflow as tf  # noqa: E402
 import kerasdist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results as result_files  # noqa: E402  (benchmarks/results.py)
 from large_batch import build_student, make_teacher_task  # noqa: E402  (the shared task)
 
 CONFIGS = ("fixed_small", "noise_scale", "curvature", "fixed_large")
@@ -150,6 +152,12 @@ def parse_args(argv=None):
         "cap 256, growth forced after 1 check",
     )
     parser.add_argument("--out_dir", default="bench-results")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="the result file (benchmarks/results.py; default <out_dir>/batch_growth.json; "
+        "benchmarks/results/batch_growth[_digits].json are the ones docs/experiments.md shows)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.pool, args.epoch_rows, args.micro_batch, args.epochs, args.seeds = 8192, 4096, 32, 3, 1
@@ -566,6 +574,7 @@ def main(args):
     def say(*parts):
         print(*parts, flush=True)
 
+    run_header = result_files.start_run("batch_growth")
     start = time.perf_counter()
     data = load_task(args, args.task)
     say(
@@ -639,9 +648,10 @@ def main(args):
         ],
         "results": results,
     }
-    json_path = os.path.join(args.out_dir, "batch_growth.json")
-    with open(json_path, "w") as f:
-        json.dump(_finite(out), f, indent=1)
+    tables = {"results": results_table(results, targets, args.seeds), "decisions": decisions_table(results)}
+    json_path = args.json or os.path.join(args.out_dir, "batch_growth.json")
+    laid_out = {key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
+    result_files.write(json_path, result_files.finish_run(run_header, **out, tables=laid_out))
     say(
         f"\nwall time {wall:.0f} s; wrote {json_path}"
         + (f" and {png}" if plotted else " (matplotlib not installed: no plot)")

@@ -13,8 +13,9 @@ of each host's link to --link_rate (tc htb, 1gbit) and measures the link with on
 Then, seed by seed, each configuration trains once as 2 ranks, one per host (kerasdist-run with
 the cluster's launcher, UCX_TLS=tcp, one TensorFlow math thread per rank; every job under
 `timeout` --job_timeout_s). The rank side is this script with --rank_side. It prints a results
-table, a per-epoch timing table and the growth decisions (markdown), and writes --json
-(bench-results/batch_growth_cluster.json) with every run's epochs.
+table, a per-epoch timing table and the growth decisions (markdown), and writes a result file
+(benchmarks/results.py) to --json (bench-results/batch_growth_cluster.json; `make bench-net`:
+benchmarks/results/) with every run's epochs and the tables.
 
 The task, model and recorder are those of benchmarks/batch_growth.py (the one-process
 experiment), imported from it: the teacher-student MLP with a pool of 262,144 training rows,
@@ -65,6 +66,7 @@ import time
 STARTED = time.perf_counter()  # before TensorFlow's import, which is much of a job's start-up
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import batch_growth  # noqa: E402  (the task, the model, the recorder and the summaries)
+import results as result_files  # noqa: E402  (benchmarks/results.py)
 from emulated_hosts import REPO, measure_link, two_hosts  # noqa: E402
 
 CONFIGS = ("fixed_small", "noise_scale")
@@ -94,7 +96,11 @@ def parse_args(argv=None):
     parser.add_argument("--width", type=int, default=256, help="student hidden width")
     parser.add_argument("--depth", type=int, default=3, help="student hidden layers")
     parser.add_argument("--job_timeout_s", type=int, default=600, help="bound on each 2-rank job")
-    parser.add_argument("--json", default=str(REPO / "bench-results" / "batch_growth_cluster.json"))
+    parser.add_argument(
+        "--json",
+        default=str(REPO / "bench-results" / "batch_growth_cluster.json"),
+        help="the result file (benchmarks/results.py; `make bench-net`: benchmarks/results/)",
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -287,6 +293,7 @@ def main(args):
         print(*parts, flush=True)
 
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    run_header = result_files.start_run("batch_growth_cluster")
     begin = time.perf_counter()
     results = {config: {"label": LABELS[config], "runs": []} for config in args.configs}
     with two_hosts(args.job_timeout_s) as cluster:
@@ -341,9 +348,9 @@ def main(args):
         "epoch_timing": timing,
         "results": results,
     }
-    path = pathlib.Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(batch_growth._finite(out), indent=1))
+    tables = {"results": results_table(results, targets, args.seeds), "timing": timing_table(timing)}
+    laid_out = {key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
+    path = result_files.write(args.json, result_files.finish_run(run_header, **out, tables=laid_out))
     say(f"\nwall time {wall:.0f} s; wrote {path}")
     return out
 

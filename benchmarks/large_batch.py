@@ -12,8 +12,10 @@ The first experiment (16x, issue #4; its table is in docs/experiments.md) is thi
 
 Each training runs on one TensorFlow thread; --jobs N trains N at a time in worker processes
 (results do not depend on N: every training is seeded). It prints the tuning table and the
-results table (markdown) and writes <out_dir>/large_batch.json and, when matplotlib is
-installed, <out_dir>/large_batch.png (--out_dir defaults to bench-results/).
+results table (markdown), writes a result file (benchmarks/results.py) to --json (default
+<out_dir>/large_batch.json; docs/experiments.md shows benchmarks/results/large_batch.json and
+large_batch_16x.json, and benchmarks/render.py --plots draws the pages' plots from them) and, when
+matplotlib is installed, <out_dir>/large_batch.png (--out_dir defaults to bench-results/).
 
 The task (generated, offline, fixed by --data_seed)
   Inputs x ~ N(0, I) in --dim (32) dimensions. A fixed random "teacher" MLP
@@ -93,6 +95,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import results as result_files  # noqa: E402  (benchmarks/results.py, beside this script)
 import tensorflow as tf  # noqa: E402
 
 from kerasdist.optimizers import LAMB, LARC, LARS  # noqa: E402
@@ -159,6 +162,12 @@ def parse_args(argv=None):
         "batch 16 vs 128 and 256, 2 epochs, 2 rates per grid, 1 seed",
     )
     parser.add_argument("--out_dir", default="bench-results")
+    parser.add_argument(
+        "--json",
+        default=None,
+        help="the result file (benchmarks/results.py; default <out_dir>/large_batch.json; "
+        "benchmarks/results/large_batch.json is the one docs/experiments.md shows)",
+    )
     parser.add_argument(
         "--replot",
         metavar="JSON",
@@ -557,6 +566,7 @@ def main(args):
         large = args.small_batch * scale
         if large * 20 > args.n_train:
             say(f"warning: the large batch {large} is more than 1/20 of the {args.n_train} training examples")
+    run = result_files.start_run("large_batch")
     start = time.perf_counter()
     _start_worker(args)
     counts = np.bincount(_worker["data"]["train"][1], minlength=CLASSES)
@@ -585,9 +595,12 @@ def main(args):
         "wall_seconds": round(wall, 1),
         "results": results,
     }
-    json_path = os.path.join(args.out_dir, "large_batch.json")
-    with open(json_path, "w") as f:
-        json.dump(out, f, indent=1)
+    tables = {"results": results_table(results), "tuning": tuning_table(results)}
+    json_path = args.json or os.path.join(args.out_dir, "large_batch.json")
+    record = result_files.finish_run(
+        run, **out, tables={key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
+    )
+    result_files.write(json_path, record)
     say(
         f"\nwall time {wall:.0f} s; wrote {json_path}"
         + (f" and {png}" if plotted else " (matplotlib not installed: no plot)")

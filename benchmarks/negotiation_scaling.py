@@ -30,6 +30,7 @@ import subprocess
 import sys
 
 import numpy as np
+import results as result_files  # benchmarks/results.py, beside this script
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 CLUSTER_SCRIPT = REPO / "scripts" / "netns_cluster.sh"
@@ -43,7 +44,11 @@ def parse_args():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--job_timeout_s", type=int, default=900)
-    parser.add_argument("--json", default=str(REPO / "bench-results" / "negotiation.json"))
+    parser.add_argument(
+        "--json",
+        default=str(REPO / "bench-results" / "negotiation.json"),
+        help="the result file (benchmarks/results.py; `make bench-net`: benchmarks/results/negotiation_scaling.json)",
+    )
     return parser.parse_args()
 
 
@@ -96,6 +101,7 @@ def fit(xs, ys):
 
 def main():
     args = parse_args()
+    run_header = result_files.start_run("negotiation_scaling")
     previous = signal.signal(signal.SIGTERM, _interrupt)
     made = subprocess.run(
         [
@@ -147,18 +153,19 @@ def main():
         signal.signal(signal.SIGTERM, previous)
 
     print("\nµs per op, fastest of the repeats (median in brackets)\n")
-    print(
+    table = [
         "| ranks (hosts) | raw MPI 4-byte allreduce | kerasdist, fast path | kerasdist, slow path | "
-        "fast - raw | slow - fast | load |"
-    )
-    print("|---|---|---|---|---|---|---|")
+        "fast - raw | slow - fast | load |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for row in rows:
         median = row["median_us"]
-        print(
+        table.append(
             f"| {row['ranks']} ({min(row['ranks'], MAX_HOSTS)}) | {row['raw_us']:.0f} ({median['raw']:.0f}) | "
             f"{row['fast_us']:.0f} ({median['fast']:.0f}) | {row['slow_us']:.0f} ({median['slow']:.0f}) | "
             f"{row['fast_us'] - row['raw_us']:.0f} | {row['slow_us'] - row['fast_us']:.0f} | {row['load']:.1f} |"
         )
+    print("\n".join(table))
     model = {}
     if len(rows) >= 2:
         model["fast"] = fit([math.log2(r["ranks"]) for r in rows], [r["fast_us"] - r["raw_us"] for r in rows])
@@ -175,9 +182,10 @@ def main():
                 "slow-path extra "
                 f"{(c + d * ranks) / 1e3:.1f} ms per cycle that has first-seen requests"
             )
-    path = pathlib.Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"rows": rows, "model_us": model, "cpus": os.cpu_count()}, indent=2))
+    record = result_files.finish_run(
+        run_header, rows=rows, model_us=model, tables={"negotiation": result_files.markdown_tables("\n".join(table))[0]}
+    )
+    path = result_files.write(args.json, record)
     print(f"\nwrote {path}")
 
 

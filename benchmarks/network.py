@@ -24,11 +24,15 @@ unshaped):
                collective requests negotiated per step.
 Every job goes through kerasdist-run with the cluster's launcher program and interface and
 UCX_TLS=tcp (between namespaces of one kernel UCX would otherwise use shared memory).
-Results: printed tables, and --json (bench-results/network.json).
+Results: printed tables, and a result file at --json (benchmarks/results.py; default
+bench-results/network.json; `make bench-net`: benchmarks/results/network.json) holding every
+measurement and the tables as printed.
 """
 
 import argparse
+import contextlib
 import datetime
+import io
 import json
 import math
 import os
@@ -38,6 +42,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import results as result_files  # noqa: E402  (benchmarks/results.py)
 from emulated_hosts import REPO, UNSHAPED, job_environment, measure_link, run, two_hosts  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "keras_synthetic_benchmark.py"
@@ -82,7 +87,7 @@ def parse_args():
         "'1-bit gradients' 'no communication'); default: all",
     )
     parser.add_argument("--job_timeout_s", type=int, default=900)
-    parser.add_argument("--json", default=str(REPO / "bench-results" / "network.json"))
+    parser.add_argument("--json", default=str(REPO / "bench-results" / "network.json"), help="the result file")
     return parser.parse_args()
 
 
@@ -363,7 +368,16 @@ def print_overlap_table(runs, links):
                 )
 
 
+def printed_tables(print_them, keys):
+    """Runs ``print_them``, prints what it printed, and returns its markdown tables under ``keys``."""
+    with contextlib.redirect_stdout(io.StringIO()) as text:
+        print_them()
+    print(text.getvalue(), end="")
+    return dict(zip(keys, result_files.markdown_tables(text.getvalue())))
+
+
 def main():
+    run_header = result_files.start_run("network")
     started = datetime.datetime.now().isoformat(timespec="seconds")
     links = [(ARGS.rate.replace("gbit", " Gbit").replace("mbit", " Mbit"), ARGS.rate)]
     links += [] if "unshaped" in ARGS.skip else [("unshaped", UNSHAPED)]
@@ -382,16 +396,22 @@ def main():
 
     print(f"\n## kerasdist over a network, {started}, 2 emulated hosts x 1 rank, {os.cpu_count()} CPUs")
     link_gbits = {label: data["tcp_gbits"] for label, data in results["links"].items()}
+    tables = {}
     for label, data in results["links"].items():
         if "allreduce" in data:
-            print_allreduce_tables(label, data["tcp_gbits"], data["allreduce"])
+            tables.update(
+                printed_tables(
+                    lambda label=label, data=data: print_allreduce_tables(label, data["tcp_gbits"], data["allreduce"]),
+                    [f"allreduce {label}", f"fusion {label}", f"compression {label}"],
+                )
+            )
     if results["training"]:
-        print_training_table(results["training"], links, link_gbits)
+        tables.update(
+            printed_tables(lambda: print_training_table(results["training"], links, link_gbits), ["training"])
+        )
         if "overlap" not in ARGS.skip:
-            print_overlap_table(results["training"], links)
-    path = pathlib.Path(ARGS.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(results, indent=2))
+            tables.update(printed_tables(lambda: print_overlap_table(results["training"], links), ["overlap"]))
+    path = result_files.write(ARGS.json, result_files.finish_run(run_header, **results, tables=tables))
     print(f"\nwrote {path}")
 
 

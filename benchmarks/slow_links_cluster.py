@@ -16,7 +16,8 @@ cluster's launcher, UCX_TLS=tcp, one TensorFlow math thread per rank, every job 
 --job_timeout_s. The machine's load averages are recorded at each job's start and end. The rank
 side is this script with --rank_side (it can train several configurations in one job, one after
 the other: the smoke test does so). It prints a results table and a per-seed table (markdown),
-writes --json (bench-results/slow_links_cluster.json; --quick: ..._quick.json) with every run's epochs, and draws --png
+writes a result file (benchmarks/results.py) to --json (bench-results/slow_links_cluster.json;
+--quick: ..._quick.json; `make bench-net`: benchmarks/results/) with every run's epochs, and draws --png
 (docs/slow_links_accuracy.png; --quick: bench-results/slow_links_accuracy_quick.png).
 
 The task, the model and the recorder are batch_growth_cluster.py's baseline (imported from it and
@@ -68,6 +69,7 @@ STARTED = time.perf_counter()  # before TensorFlow's import, which is much of a 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import batch_growth  # noqa: E402  (the task, the model, fit_stream and the summaries)
 import batch_growth_cluster  # noqa: E402  (the recorder that keeps the evaluation off the clock)
+import results as result_files  # noqa: E402  (benchmarks/results.py)
 from emulated_hosts import REPO, measure_link, two_hosts  # noqa: E402
 
 CONFIGS = ("synchronous", "fp16", "delayed", "one_bit", "average_4", "average_16")
@@ -341,6 +343,7 @@ def main(args):
         print(*parts, flush=True)
 
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    run_header = result_files.start_run("slow_links_cluster")
     begin = time.perf_counter()
     results = {config: {"label": LABELS[config], "runs": []} for config in args.configs}
     with two_hosts(args.job_timeout_s) as cluster:
@@ -374,9 +377,9 @@ def main(args):
         "results": results,
     }
     plotted = report(out, args.png, say)
-    path = pathlib.Path(args.json)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(batch_growth._finite(out), indent=1))
+    tables = {"results": results_table(results, out["targets"], args.seeds), "epochs": epochs_table(results)}
+    laid_out = {key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
+    path = result_files.write(args.json, result_files.finish_run(run_header, **out, tables=laid_out))
     say(f"\nwall time {wall:.0f} s; wrote {path}" + (f" and {args.png}" if plotted else " (no matplotlib: no plot)"))
     return out
 
