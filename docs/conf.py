@@ -35,6 +35,8 @@ napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 autodoc_member_order = "bysource"
 autodoc_typehints = "none"  # the docstrings say what the arguments are; there are few annotations
+# Members documented here, not the Keras hooks (on_train_begin, build, get_config) they override.
+autodoc_inherit_docstrings = False
 
 html_theme = "furo"
 html_title = "kerasdist"

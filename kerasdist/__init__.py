@@ -59,6 +59,10 @@ _EXPORTS = {
         )
     },
     **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
+    # The callbacks a distributed fit needs. `kerasdist.callbacks(...)` calls it too, but that name is
+    # the package of the callback classes, which a function cannot replace: importing a submodule
+    # sets the parent's attribute to the module.
+    "default_callbacks": "kerasdist.callbacks",
     "GradientNoiseScale": "kerasdist.batch_growth.noise_scale",
     "SyncBatchNormalization": "kerasdist.layers",
 }

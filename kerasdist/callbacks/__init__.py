@@ -1,9 +1,11 @@
 """Keras callbacks for distributed training.
 
-`kerasdist.callbacks(...)` returns the list a script passes to `model.fit`; the classes are
-importable from here too. The module itself is callable, so both read naturally:
+`kerasdist.default_callbacks(...)` returns the list a script passes to `model.fit`; the classes
+are importable from here. The package is callable as that function too, the spelling most
+scripts use:
 
-    model.fit(..., callbacks=kerasdist.callbacks(warmup_epochs=5))
+    model.fit(..., callbacks=kerasdist.default_callbacks(warmup_epochs=5))
+    model.fit(..., callbacks=kerasdist.callbacks(warmup_epochs=5))  # the same list
     from kerasdist.callbacks import LearningRateWarmup
 """
 
