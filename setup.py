@@ -1,28 +1,59 @@
 """Builds kerasdist's op library: the C++ engine plus its TensorFlow binding.
 
-The library is compiled against the TensorFlow found in the build environment
-(``tf.sysconfig`` flags) and an MPI chosen in this order:
+TensorFlow's C++ ABI changes between releases, so the library is compiled against the
+TensorFlow that will run it: the one the installing Python imports (``tensorflow``,
+``tensorflow-cpu`` or a site build), never one pip fetches. Hence neither ``install_requires``
+nor pyproject.toml's build requirements name TensorFlow: either would make pip download a
+second TensorFlow (``tensorflow`` beside a user's ``tensorflow-cpu``), into the environment or
+into the isolated build environment, and build against a release the user does not run.
+Instead this file asks the installing Python, in a subprocess, for ``tf.__version__`` and
+``tf.sysconfig``'s flags:
+
+* Under pip's build isolation (the default) the build runs on that same Python, but with
+  ``PYTHONPATH`` set to pip's ``sitecustomize`` (which hides the environment's site-packages)
+  and ``PYTHONNOUSERSITE=1``. The subprocess runs without those two, so it imports what the
+  user's own ``python`` imports. Not ``python -I``: that would also drop, under
+  ``--no-build-isolation``, a user's own ``PYTHONPATH`` (a site module's TensorFlow) and user
+  site-packages, which pip's isolation has already replaced and this keeps.
+* No TensorFlow there (or one older than 2.16, before Keras 3): the build stops, naming what to
+  install and ``--no-build-isolation`` for builders that run in a venv of their own (pip's
+  ``--use-feature=venv-isolation``, ``python -m build`` for a wheel), where the installing
+  Python cannot be found.
+* ``build_info.json`` records the TensorFlow version; ``kerasdist.init()`` refuses to load the
+  library into another release, naming both and the reinstall command.
+
+MPI, chosen in this order:
 
 1. ``KERASDIST_MPI_HOME``: a system MPI with ``include/mpi.h`` and ``lib/libmpi.so``;
-2. the PyPI ``mpich`` package installed beside this Python (the default);
-3. the ``mpicc`` on ``PATH`` (its ``-show`` / ``--showme`` flags).
+2. ``MPICC``: that MPI compiler wrapper (its ``-show`` / ``--showme`` flags); the variable
+   mpi4py's build reads too, so one setting builds both against one MPI;
+3. the PyPI ``mpich`` package (the default): its headers from the build environment, where
+   pyproject.toml's build requirements put it (pip builds a package before it installs its
+   dependencies, so the environment may not have it yet), and at run time the ``libmpi.so.12``
+   that ``install_requires``' ``mpich`` puts into the environment (MPICH keeps that ABI across
+   releases, as Intel MPI and MVAPICH do);
+4. the ``mpicc`` on ``PATH``.
 
-An rpath (``$ORIGIN``-relative, then absolute) lets ``tf.load_op_library`` find
-``libmpi`` without ``LD_LIBRARY_PATH``. mpi4py must use the same MPI.
+Only with 3 does ``install_requires`` ask for ``mpich``; mpi4py is asked for always (build it
+against a system MPI first: docs/deployment.md). An rpath (relative to where the library is
+installed, then absolute) lets ``tf.load_op_library`` find ``libmpi`` without
+``LD_LIBRARY_PATH``.
 
 ``KERASDIST_WITH_NCCL=1`` adds GPU kernels of the ops and an NCCL backend for them, compiled
 with g++ alone (no ``nvcc``: the kernels only call the CUDA runtime API) against the PyPI
 wheels ``nvidia-nccl-cu12`` (``nccl.h``, ``libnccl.so.2``), ``nvidia-cuda-runtime-cu12``
 (``libcudart.so.12`` and its headers) and, for headers those include, ``nvidia-cuda-nvcc-cu12``
-and ``nvidia-cuda-cccl-cu12`` (requirements-nccl.txt). TensorFlow's own headers suffice,
-including tensorflow-cpu's.
+and ``nvidia-cuda-cccl-cu12`` (requirements-nccl.txt), found beside this build's Python (so with
+``--no-build-isolation``). TensorFlow's own headers suffice, including tensorflow-cpu's.
 
-``build_info.json`` beside the library records that MPI, its compile and link flags (which
-tests/engine builds the engine with, without TensorFlow), its ``mpiexec`` and flavour (which
-``kerasdist-run`` launches with) and the TensorFlow version.
+``build_info.json`` beside the library records that MPI, its compile and link flags as installed
+(which tests/engine builds the engine with, without TensorFlow), its ``mpiexec`` and flavour
+(which ``kerasdist-run`` launches with) and the TensorFlow version.
 """
 
+import dataclasses
 import glob
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -31,7 +62,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build import build
@@ -40,37 +70,98 @@ from setuptools.command.build_ext import build_ext
 HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("kerasdist", "csrc")
 WITH_NCCL = os.environ.get("KERASDIST_WITH_NCCL", "0") == "1"
+OLDEST_TENSORFLOW = (2, 16)  # the first release with Keras 3
+
+# Run by the installing Python: where it installs, and its TensorFlow's version and build flags.
+TARGET_QUERY = r"""
+import json, os, sys, sysconfig
+found = {"python": sys.executable, "platlib": sysconfig.get_path("platlib"), "data": sysconfig.get_path("data"),
+         "scripts": sysconfig.get_path("scripts")}
+try:
+    import tensorflow as tf
+    found["tensorflow"] = {"version": tf.__version__, "path": os.path.dirname(tf.__file__),
+                           "lib": tf.sysconfig.get_lib(), "compile_flags": tf.sysconfig.get_compile_flags(),
+                           "link_flags": tf.sysconfig.get_link_flags()}
+except Exception as error:
+    found["tensorflow_error"] = f"{type(error).__name__}: {error}"
+print("KERASDIST_TARGET " + json.dumps(found))
+"""
 
 
-def mpi_flags():
-    """Returns (compile_flags, link_flags, lib_dirs, description, bin_dir) for the chosen MPI."""
-    home = os.environ.get("KERASDIST_MPI_HOME")
-    if home:
-        lib = os.path.join(home, "lib")
-        return (
-            [f"-I{os.path.join(home, 'include')}"],
-            [f"-L{lib}", "-lmpi"],
-            [lib],
-            f"KERASDIST_MPI_HOME={home}",
-            os.path.join(home, "bin"),
+def environment_without_pip_isolation(environ):
+    """``environ`` less what pip's build isolation sets to hide the environment's packages."""
+    cleaned = dict(environ)
+    entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # pip's isolated build environments live in temporary directories named pip-build-env-*.
+    kept = [p for p in entries if "pip-build-env-" not in p]
+    if len(kept) != len(entries):
+        cleaned.pop("PYTHONNOUSERSITE", None)
+    if kept:
+        cleaned["PYTHONPATH"] = os.pathsep.join(kept)
+    else:
+        cleaned.pop("PYTHONPATH", None)
+    return cleaned
+
+
+_target = None
+
+
+def installing_python():
+    """What the installing Python reports (``TARGET_QUERY``): its install paths and TensorFlow."""
+    global _target
+    if _target is None:
+        # cwd "/": a package directory of the checkout must not shadow an installed one.
+        result = subprocess.run(
+            [sys.executable, "-c", TARGET_QUERY],
+            env=environment_without_pip_isolation(os.environ),
+            cwd="/",
+            capture_output=True,
+            text=True,
         )
-    if os.path.exists(os.path.join(sys.prefix, "include", "mpi.h")):
-        lib = os.path.join(sys.prefix, "lib")
-        return (
-            [f"-I{os.path.join(sys.prefix, 'include')}"],
-            [f"-L{lib}", "-lmpi"],
-            [lib],
-            "PyPI mpich",
-            sysconfig.get_path("scripts"),
-        )
-    # MPICC is the variable mpi4py's build reads too, so one setting builds both against one MPI.
-    mpicc_name = os.environ.get("MPICC", "mpicc")
-    mpicc = shutil.which(mpicc_name)
-    if not mpicc:
+        lines = [line for line in result.stdout.splitlines() if line.startswith("KERASDIST_TARGET ")]
+        if not lines:
+            sys.exit(f"kerasdist: {sys.executable} could not report its TensorFlow:\n{result.stderr[-2000:]}")
+        _target = json.loads(lines[-1][len("KERASDIST_TARGET ") :])
+    return _target
+
+
+def target_tensorflow():
+    """The installing Python's TensorFlow (``TARGET_QUERY``'s fields); exits naming the fix if none."""
+    target = installing_python()
+    tf = target.get("tensorflow")
+    if tf is None:
         sys.exit(
-            f"kerasdist: no MPI found (no {mpicc_name} on PATH). `pip install mpich`, or set KERASDIST_MPI_HOME, "
-            "or put mpicc on PATH (or name it in MPICC, e.g. MPICC=mpicc.openmpi)."
+            f"kerasdist: the op library is compiled against the TensorFlow it will run with, and "
+            f"{target['python']} cannot import one ({target['tensorflow_error']}). Install TensorFlow "
+            f"first (`pip install tensorflow-cpu` or `pip install tensorflow`, >= 2.16), then kerasdist. "
+            f"Builders that use a venv of their own (pip --use-feature=venv-isolation, python -m build) "
+            f"cannot see it: install with pip, or pass --no-build-isolation."
         )
+    version = tuple(int(part) for part in re.findall(r"\d+", tf["version"])[:2])
+    if version < OLDEST_TENSORFLOW:
+        sys.exit(
+            f"kerasdist needs TensorFlow >= 2.16 (Keras 3); {target['python']} has {tf['version']}. "
+            f"Upgrade it (`pip install -U tensorflow-cpu` or `tensorflow`), then install kerasdist."
+        )
+    return tf
+
+
+@dataclasses.dataclass
+class Mpi:
+    source: str  # how build_info.json and --check-build name it
+    compile_flags: list  # as installed: what build_info.json records
+    link_flags: list
+    lib_dirs: list  # where libmpi is at run time (the rpath)
+    bin_dir: str  # where its mpiexec is at run time
+    probe_bin_dir: str  # where its mpiexec is now, to ask which MPI it is
+    # Where the build finds the MPI when it is not yet where it will be installed (PyPI mpich
+    # in pip's build environment); searched after the installed places.
+    build_compile_flags: list = dataclasses.field(default_factory=list)
+    build_link_flags: list = dataclasses.field(default_factory=list)
+
+
+def mpicc_flags(mpicc):
+    """The compile and link flags MPI's compiler wrapper adds, from ``-show`` (MPICH) or ``--showme``."""
     for show in ("-show", "--showme"):
         try:
             words = shlex.split(subprocess.check_output([mpicc, show], text=True, stderr=subprocess.DEVNULL))
@@ -79,10 +170,63 @@ def mpi_flags():
             continue
     else:
         sys.exit(f"kerasdist: {mpicc} answers neither -show nor --showme")
-    compile_flags = [w for w in words[1:] if w.startswith(("-I", "-D"))]
-    link_flags = [w for w in words[1:] if w.startswith(("-L", "-l", "-Wl"))]
+    return [w for w in words[1:] if w.startswith(("-I", "-D"))], [
+        w for w in words[1:] if w.startswith(("-L", "-l", "-Wl"))
+    ]
+
+
+def pypi_mpich_home():
+    """The prefix holding include/mpi.h of the ``mpich`` package beside this build's Python, or None."""
+    try:
+        files = importlib.metadata.distribution("mpich").files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    header = next((f for f in files if f.name == "mpi.h" and f.parent.name == "include"), None)
+    return os.path.dirname(os.path.dirname(os.path.abspath(header.locate()))) if header else None
+
+
+def choose_mpi(target=None):
+    """The MPI to build against (the module docstring's order), or None when there is none.
+
+    ``target`` (``installing_python()``) places PyPI mpich's run-time library and mpiexec in
+    the environment being installed into; without it, they stay where the build finds them.
+    """
+    home = os.environ.get("KERASDIST_MPI_HOME")
+    if home:
+        lib, bin_dir = os.path.join(home, "lib"), os.path.join(home, "bin")
+        return Mpi(
+            f"KERASDIST_MPI_HOME={home}",
+            [f"-I{os.path.join(home, 'include')}"],
+            [f"-L{lib}", "-lmpi"],
+            [lib],
+            bin_dir,
+            bin_dir,
+        )
+    mpicc_named = os.environ.get("MPICC")
+    mpich = None if mpicc_named else pypi_mpich_home()
+    if mpich:
+        data = target["data"] if target else mpich
+        lib = os.path.join(data, "lib")
+        bin_dir = target["scripts"] if target else os.path.join(mpich, "bin")
+        mpi = Mpi(
+            "PyPI mpich",
+            [f"-I{os.path.join(data, 'include')}"],
+            [f"-L{lib}", "-lmpi"],
+            [lib],
+            bin_dir,
+            os.path.join(mpich, "bin"),
+        )
+        if os.path.realpath(data) != os.path.realpath(mpich):
+            mpi.build_compile_flags = [f"-I{os.path.join(mpich, 'include')}"]
+            mpi.build_link_flags = [f"-L{os.path.join(mpich, 'lib')}"]
+        return mpi
+    mpicc = shutil.which(mpicc_named or "mpicc")
+    if not mpicc:
+        return None
+    compile_flags, link_flags = mpicc_flags(mpicc)
     lib_dirs = [w[2:] for w in link_flags if w.startswith("-L")]
-    return compile_flags, link_flags, lib_dirs, f"mpicc at {mpicc}", os.path.dirname(mpicc)
+    bin_dir = os.path.dirname(mpicc)
+    return Mpi(f"mpicc at {mpicc}", compile_flags, link_flags, lib_dirs, bin_dir, bin_dir)
 
 
 def mpi_wrapper_suffix():
@@ -133,25 +277,38 @@ def launcher_mpi_module():
     return module
 
 
-def mpiexec_and_flavour(bin_dir):
-    """The MPI's mpiexec and its flavour name ("mpich", "intel", "openmpi"); None where unknown."""
-    mpi = launcher_mpi_module()
-    mpiexec = mpi.mpiexec_of_install(bin_dir, mpi_wrapper_suffix())
-    flavour = mpi.detect_flavour(mpiexec) if mpiexec else None
+def mpiexec_and_flavour(mpi):
+    """Where the MPI's mpiexec will be, and its flavour name ("mpich", "intel", "openmpi"); None where unknown."""
+    module = launcher_mpi_module()
+    probe = module.mpiexec_of_install(mpi.probe_bin_dir, mpi_wrapper_suffix())
+    if not probe:
+        return None, None
+    flavour = module.detect_flavour(probe)
+    mpiexec = os.path.join(mpi.bin_dir, os.path.basename(probe))
     return mpiexec, flavour.name if flavour else None
+
+
+def require_mpi(target):
+    mpi = choose_mpi(target)
+    if mpi is None:
+        sys.exit(
+            f"kerasdist: no MPI found (no PyPI mpich beside {sys.executable}, no {os.environ.get('MPICC', 'mpicc')} "
+            "on PATH). `pip install mpich`, or set KERASDIST_MPI_HOME, or name your MPI's compiler wrapper in "
+            "MPICC (e.g. MPICC=mpicc.openmpi)."
+        )
+    return mpi
 
 
 class BuildVariantApart(build):
     """Builds the NCCL variant under build/nccl/ and one against another MPI than PyPI's mpich
-    under build/mpi-<which>/: setuptools skips an extension that looks up to date in its build
-    directory, so a shared one would hand one variant another's library."""
+    under build/mpi-<which>/, so that variants built at once do not share object files."""
 
     def initialize_options(self):
         super().initialize_options()
         variant = ["nccl"] if WITH_NCCL else []
-        mpi_source = mpi_flags()[3]
-        if mpi_source != "PyPI mpich":
-            variant.append("mpi-" + re.sub(r"[^A-Za-z0-9.]+", "_", mpi_source).strip("_"))
+        mpi = choose_mpi()
+        if mpi and mpi.source != "PyPI mpich":
+            variant.append("mpi-" + re.sub(r"[^A-Za-z0-9.]+", "_", mpi.source).strip("_"))
         if variant:
             self.build_base = os.path.join("build", *variant)
 
@@ -163,54 +320,64 @@ class BuildOpLibrary(build_ext):
         # setuptools compiles into build/ and copies to the source tree afterwards when building
         # in place (build_ext --inplace, editable installs), clearing `inplace` meanwhile.
         self.library_goes_to_source_tree = bool(self.inplace)
+        # setuptools skips a library newer than its sources; but a checkout's build/ may hold
+        # one compiled against another environment's TensorFlow, so an install always compiles.
+        if not self.library_goes_to_source_tree:
+            self.force = True
         super().run()
 
-    def final_directory(self, ext):
-        """Where the library will be loaded from: the package's source directory when built
-        in place, else the build directory that gets installed."""
-        if not self.library_goes_to_source_tree:
-            return os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+    def final_directory(self, ext, target):
+        """Where the library will be loaded from: the package's source directory when built in
+        place, else the package's directory in the installing Python's site-packages."""
         package = ".".join(self.get_ext_fullname(ext.name).split(".")[:-1])
+        if not self.library_goes_to_source_tree:
+            return os.path.join(target["platlib"], *package.split("."))
         return os.path.abspath(self.get_finalized_command("build_py").get_package_dir(package))
 
     def build_extension(self, ext):
-        import tensorflow as tf  # only needed at build time
-
-        mpi_compile, mpi_link, mpi_lib_dirs, mpi_source, mpi_bin_dir = mpi_flags()
+        target = installing_python()
+        tf = target_tensorflow()
+        mpi = require_mpi(target)
         # The engine calls MPI's C API only. Open MPI's mpi.h (Debian's 4.1) otherwise pulls its
         # C++ bindings into C++ code, which then needs libmpi_cxx: the library failed to load with
         # "undefined symbol: _ZN3MPI8Datatype4FreeEv".
-        mpi_compile = ["-DOMPI_SKIP_MPICXX=1", "-DMPICH_SKIP_MPICXX=1", *mpi_compile]
+        mpi_compile = ["-DOMPI_SKIP_MPICXX=1", "-DMPICH_SKIP_MPICXX=1", *mpi.compile_flags]
         nccl_compile, nccl_link, nccl_lib_dirs, nccl_version = nccl_flags() if WITH_NCCL else ([], [], [], None)
-        out_dir = self.final_directory(ext)
-        tf_lib_dir = tf.sysconfig.get_lib()
+        final_dir = self.final_directory(ext, target)
         rpaths = []
-        for lib_dir in mpi_lib_dirs + nccl_lib_dirs + [tf_lib_dir]:
-            rpaths += ["$ORIGIN/" + os.path.relpath(lib_dir, out_dir), os.path.abspath(lib_dir)]
+        for lib_dir in mpi.lib_dirs + nccl_lib_dirs + [tf["lib"]]:
+            rpaths += ["$ORIGIN/" + os.path.relpath(lib_dir, final_dir), os.path.abspath(lib_dir)]
         # -Wno-interference-size: Eigen (in TensorFlow's headers) uses
         # std::hardware_destructive_interference_size, and GCC 12 warns about that on every include.
         ext.extra_compile_args = (
             ["-O3", "-fPIC", "-Wall", "-Wno-sign-compare", "-Wno-deprecated-declarations", "-Wno-interference-size"]
-            + tf.sysconfig.get_compile_flags()
+            + tf["compile_flags"]
             + mpi_compile
+            + mpi.build_compile_flags
             + nccl_compile
         )
-        ext.extra_link_args = tf.sysconfig.get_link_flags() + mpi_link + nccl_link + [f"-Wl,-rpath,{p}" for p in rpaths]
+        ext.extra_link_args = (
+            tf["link_flags"] + mpi.link_flags + mpi.build_link_flags + nccl_link + [f"-Wl,-rpath,{p}" for p in rpaths]
+        )
         # Python's own CFLAGS (e.g. -DNDEBUG -g -fwrapv) are harmless; its C++ std flag is ours.
         super().build_extension(ext)
-        mpiexec, flavour = mpiexec_and_flavour(mpi_bin_dir)
+        mpiexec, flavour = mpiexec_and_flavour(mpi)
+        # Beside the library being built; setuptools installs or copies it with the library.
+        out_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
+        if self.library_goes_to_source_tree:
+            out_dir = final_dir
         os.makedirs(out_dir, exist_ok=True)
         with open(os.path.join(out_dir, "build_info.json"), "w") as f:
             json.dump(
                 {
-                    "mpi": mpi_source,
+                    "mpi": mpi.source,
                     "mpi_compile_flags": mpi_compile,
-                    "mpi_link_flags": mpi_link,
+                    "mpi_link_flags": mpi.link_flags,
                     "mpiexec": mpiexec,
                     "mpi_flavour": flavour,
                     "nccl": WITH_NCCL,
                     "nccl_version": nccl_version,
-                    "tensorflow": tf.__version__,
+                    "tensorflow": tf["version"],
                 },
                 f,
                 indent=1,
@@ -220,6 +387,7 @@ class BuildOpLibrary(build_ext):
 source_dirs = ["engine", "tensorflow"] + (["nccl", os.path.join("tensorflow", "gpu")] if WITH_NCCL else [])
 sources = sorted(f for d in source_dirs for f in glob.glob(os.path.join(CSRC, d, "*.cc")))
 headers = sorted(glob.glob(os.path.join(CSRC, "**", "*.h"), recursive=True))
+built_mpi = choose_mpi()
 
 setup(
     name="kerasdist",
@@ -232,7 +400,6 @@ setup(
     classifiers=[
         "Development Status :: 3 - Alpha",
         "Intended Audience :: Science/Research",
-        "License :: OSI Approved :: Apache Software License",
         "Operating System :: POSIX :: Linux",
         "Programming Language :: C++",
         "Programming Language :: Python :: 3",
@@ -246,6 +413,9 @@ setup(
     ],
     cmdclass={"build": BuildVariantApart, "build_ext": BuildOpLibrary},
     python_requires=">=3.10",
-    install_requires=["tensorflow>=2.16", "keras>=3.10,<4", "mpi4py>=4", "numpy"],
+    # No TensorFlow: the installed one is built against (module docstring). PyPI's mpich only when
+    # this build uses it; with a system MPI, mpi4py must be built against that MPI beforehand.
+    install_requires=["keras>=3.10,<4", "mpi4py>=4", "numpy"]
+    + (["mpich>=4"] if built_mpi and built_mpi.source == "PyPI mpich" else []),
     entry_points={"console_scripts": ["kerasdist-run = kerasdist.run:main"]},
 )
