@@ -55,6 +55,78 @@ def _library_path():
     return found[0]
 
 
+def _load_op_library(tf, path):
+    """Loads the op library into TensorFlow ``tf``, refusing one built against another release.
+
+    TensorFlow's C++ interface changes between minor releases: such a library fails to load
+    with an undefined symbol, or loads and crashes later.
+    """
+    built_against = _build_info().get("tensorflow")
+    mismatch = tensorflow_mismatch(built_against, tf.__version__)
+    if mismatch:
+        raise ImportError(mismatch)
+    try:
+        return tf.load_op_library(path)
+    except tf.errors.NotFoundError as error:  # an undefined symbol across patch releases
+        if built_against and built_against != tf.__version__:
+            raise ImportError(f"{tensorflow_mismatch(built_against, tf.__version__, always=True)} ({error})") from error
+        raise
+
+
+def tensorflow_mismatch(built_against, running, always=False):
+    """Why an op library built against TensorFlow ``built_against`` cannot run in TensorFlow
+    ``running``, naming both and the command that rebuilds it; None when their major and minor
+    versions agree (or one is unknown), unless ``always``."""
+    if not built_against or not running:
+        return None
+    if not always and built_against.split(".")[:2] == running.split(".")[:2]:
+        return None
+    return (
+        f"kerasdist's op library was built against TensorFlow {built_against}, but this Python "
+        f"({sys.executable}) runs TensorFlow {running}; TensorFlow's C++ interface differs between "
+        f"releases, so the library must be rebuilt against the running one: {_rebuild_command()}"
+    )
+
+
+def _rebuild_command():
+    """The command that rebuilds kerasdist the way it was installed (pip's direct_url.json)."""
+    import importlib.metadata
+    import shlex
+    import urllib.parse
+
+    info = _build_info()
+    settings = []
+    mpi = info.get("mpi", "")
+    if mpi.startswith("KERASDIST_MPI_HOME="):
+        settings.append(shlex.quote(mpi))
+    elif mpi.startswith("mpicc at "):
+        settings.append("MPICC=" + shlex.quote(mpi[len("mpicc at ") :]))
+    if info.get("nccl"):
+        settings.append("KERASDIST_WITH_NCCL=1")
+    try:
+        origin = json.loads(importlib.metadata.distribution("kerasdist").read_text("direct_url.json") or "{}")
+    except importlib.metadata.PackageNotFoundError:
+        origin = {}
+    url = origin.get("url", "")
+    source = urllib.parse.unquote(url[len("file://") :]) if url.startswith("file://") else url
+    if origin.get("dir_info", {}).get("editable"):
+        return f"cd {shlex.quote(source)} && " + " ".join(
+            settings + [sys.executable, "setup.py", "build_ext", "--inplace"]
+        )
+    if "vcs_info" in origin:
+        vcs = origin["vcs_info"]
+        source = f"{vcs['vcs']}+{url}@{vcs.get('commit_id') or vcs.get('requested_revision')}"
+    # Not pip's cached wheel: it was built against the TensorFlow the library expects.
+    pip = [sys.executable, "-m", "pip", "install", "--no-cache-dir", "--force-reinstall", "--no-deps"]
+    if info.get("nccl"):  # the NCCL wheels are found beside the installing Python only
+        pip.append("--no-build-isolation")
+    return " ".join(
+        settings
+        + pip
+        + [shlex.quote(source) if source else "<the checkout, sdist or git URL you installed kerasdist from>"]
+    )
+
+
 def _import_mpi():
     import mpi4py
 
@@ -111,7 +183,7 @@ def init():
         # devices leaves TensorFlow's runtime unstarted (users set GPU memory growth after init).
         gpu_on_host = any(local.allgather(bool(tf.config.list_physical_devices("GPU"))))
         path = _library_path()
-        ops = tf.load_op_library(path)
+        ops = _load_op_library(tf, path)
         engine = ctypes.CDLL(path)
         engine.kerasdist_start.argtypes = [
             ctypes.c_int,

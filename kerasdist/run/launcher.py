@@ -285,12 +285,18 @@ def check_build(environ, run_version=mpi.run_version_query):
     """Prints how the op library was built and which mpiexec would launch; returns the exit status."""
     build_info = read_build_info()
     library = _op_library_path()
+    mismatch = None
     print(f"op library:     {library or 'missing: run `make build` (or setup.py build_ext --inplace)'}")
     if build_info is None:
         print(f"build info:     missing: {BUILD_INFO_PATH}")
     else:
         flavour = mpi.FLAVOURS.get(build_info.get("mpi_flavour"))
         print(f"built against:  TensorFlow {build_info.get('tensorflow', '?')}")
+        running = installed_tensorflow()
+        print(f"running:        {f'TensorFlow {running[0]} ({running[1]})' if running else 'no TensorFlow found'}")
+        mismatch = running and runtime.tensorflow_mismatch(build_info.get("tensorflow"), running[0])
+        if mismatch:
+            print(f"mismatch:       {mismatch}")
         print(
             f"MPI:            {build_info.get('mpi', '?')}; "
             f"{flavour.title if flavour else 'flavour unknown'}; "
@@ -305,7 +311,19 @@ def check_build(environ, run_version=mpi.run_version_query):
         print(f"launch mpiexec: {mpiexec} ({flavour.title}; chosen from {source})")
     except mpi.LaunchError as error:
         print(f"launch mpiexec: none: {error}")
-    return 0 if library and build_info else 1
+    return 0 if library and build_info and not mismatch else 1
+
+
+def installed_tensorflow():
+    """(version, distribution name) of the TensorFlow this Python imports, read from its package
+    metadata without importing it (which takes seconds); None when no installed distribution provides it."""
+    import importlib.metadata
+
+    for name in importlib.metadata.packages_distributions().get("tensorflow", []):
+        distribution = importlib.metadata.distribution(name)
+        if any(str(path) == "tensorflow/__init__.py" for path in distribution.files or []):
+            return distribution.version, re.sub(r"[-_.]+", "-", distribution.metadata["Name"]).lower()
+    return None
 
 
 def run_forwarding_signals(argv, copy_stderr=None):
