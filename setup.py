@@ -88,12 +88,17 @@ print("KERASDIST_TARGET " + json.dumps(found))
 """
 
 
+def outside_pip_build_env(search_path):
+    """The entries of a PATH-like list that are not in a pip isolated build environment (which
+    pip makes in temporary directories named pip-build-env-*)."""
+    return [p for p in search_path.split(os.pathsep) if p and "pip-build-env-" not in p]
+
+
 def environment_without_pip_isolation(environ):
     """``environ`` less what pip's build isolation sets to hide the environment's packages."""
     cleaned = dict(environ)
     entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    # pip's isolated build environments live in temporary directories named pip-build-env-*.
-    kept = [p for p in entries if "pip-build-env-" not in p]
+    kept = outside_pip_build_env(environ.get("PYTHONPATH", ""))
     if len(kept) != len(entries):
         cleaned.pop("PYTHONNOUSERSITE", None)
     if kept:
@@ -220,7 +225,10 @@ def choose_mpi(target=None):
             mpi.build_compile_flags = [f"-I{os.path.join(mpich, 'include')}"]
             mpi.build_link_flags = [f"-L{os.path.join(mpich, 'lib')}"]
         return mpi
-    mpicc = shutil.which(mpicc_named or "mpicc")
+    # Not the mpicc of the build environment's mpich, which pip puts first on PATH.
+    mpicc = shutil.which(
+        mpicc_named or "mpicc", path=os.pathsep.join(outside_pip_build_env(os.environ.get("PATH", os.defpath)))
+    )
     if not mpicc:
         return None
     compile_flags, link_flags = mpicc_flags(mpicc)
