@@ -4,6 +4,7 @@ The guide pages are the Markdown files of this folder, read by MyST as GitHub sh
 reference (api/*.rst) is autodoc over kerasdist's Google-style docstrings, read by napoleon.
 """
 
+import hashlib
 import os
 import pathlib
 import re
@@ -110,6 +111,9 @@ class IncludeMarkdown(Include):
 
 
 def setup(app):
+    # Sphinx rebuilds the pages when a configuration value changes, not when this file's code does;
+    # this value changes with the file.
+    app.add_config_value("conf_py_digest", hashlib.sha256(pathlib.Path(__file__).read_bytes()).hexdigest(), "env")
     # After napoleon (priority 500), which reads the Google-style sections around the fences.
     app.connect("autodoc-process-docstring", docstring_as_restructuredtext, priority=600)
     app.connect("source-read", links_of_a_docs_page)

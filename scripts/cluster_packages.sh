@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The Debian packages that the real-cluster tests run: Slurm (slurm-wlm, with munge for its
-# authentication) and Open MPI (openmpi-bin, libopenmpi-dev). `make test` calls this first.
+# authentication) and Open MPI (openmpi-bin, libopenmpi-dev); and Chromium, in which
+# tests/docs opens the built documentation site. `make test` calls this first.
 #
 #   scripts/cluster_packages.sh install   install what is missing (root and apt-get only), else
 #                                         say why not; exits 0 either way, the tests then skip
@@ -8,7 +9,7 @@
 #   scripts/cluster_packages.sh missing   print the missing packages, one a line
 set -euo pipefail
 
-PACKAGES=(slurm-wlm munge openmpi-bin libopenmpi-dev)
+PACKAGES=(slurm-wlm munge openmpi-bin libopenmpi-dev chromium)
 
 say() { printf '%s\n' "cluster_packages: $*" >&2; }
 
@@ -23,14 +24,14 @@ missing() {
 
 install() {
     if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
-        say "not a Debian system (no apt-get): the Slurm and Open MPI tests will skip"
+        say "not a Debian system (no apt-get): the Slurm, Open MPI and browser tests will skip"
         return
     fi
     local wanted
     mapfile -t wanted < <(missing)
     if ((${#wanted[@]} == 0)); then return; fi
     if [[ $(id -u) != 0 ]]; then
-        say "not root, cannot install ${wanted[*]}: the Slurm and Open MPI tests will skip"
+        say "not root, cannot install ${wanted[*]}: the tests that need them will skip"
         return
     fi
     say "installing ${wanted[*]}"
