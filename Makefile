@@ -13,7 +13,7 @@ NCCL_VENV := .venv-nccl
 NCCL_PY := $(NCCL_VENV)/bin/python
 PACKAGE_SOURCES := $(wildcard kerasdist/*.py kerasdist/*/*.py kerasdist/*/*/*.py)
 
-.PHONY: venv build lint docs test soak demo bench bench-net build-nccl test-nccl build-openmpi test-openmpi cluster-packages clean
+.PHONY: venv build lint docs test soak demo bench bench-net build-nccl test-nccl build-openmpi test-openmpi test-install cluster-packages clean
 
 venv: $(VENV)/.editable
 
@@ -147,6 +147,14 @@ $(OPENMPI_VENV)/.installed: requirements.txt
 $(OPENMPI_VENV)/.built: $(OPENMPI_VENV)/.installed $(OP_LIBRARY_SOURCES) $(PACKAGE_SOURCES)
 	MPICC=$(OPENMPI_MPICC) $(OPENMPI_PY) -m pip install -q --no-deps --no-build-isolation --force-reinstall .
 	touch $@
+
+# kerasdist installed as users install it: plain `pip install` (build isolation on, dependencies
+# resolved) into fresh venvs that already have TensorFlow. requirements.txt's release gets it from a
+# checkout and trains the digits example at 2 ranks; the minor release before gets it from an sdist
+# and runs the collectives at 2 ranks, then has its TensorFlow upgraded under kerasdist (the mismatch
+# must be named, and the rebuild it names must work). The venvs are removed afterwards.
+test-install: venv
+	timeout 2400 $(PY) -m pytest -q -p no:cacheprovider --durations=0 tests/install/check_pip_install.py
 
 # Debian's Slurm, munge and Open MPI, for the real-cluster tests; installed when root with apt-get,
 # else the script says why and those tests skip naming the reason.
