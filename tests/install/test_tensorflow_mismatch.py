@@ -19,12 +19,6 @@ def test_unknown_build_is_not_called_a_mismatch():
     assert runtime.tensorflow_mismatch(None, "2.21.0") is None
 
 
-def test_another_minor_release_is_named_with_both_versions_and_a_reinstall():
-    message = runtime.tensorflow_mismatch("2.20.0", "2.21.0")
-    assert "built against TensorFlow 2.20.0" in message and "runs TensorFlow 2.21.0" in message
-    assert f"{sys.executable} -m pip install --no-cache-dir --force-reinstall --no-deps" in message
-
-
 class FakeDistribution:
     def __init__(self, direct_url):
         self.direct_url = direct_url
@@ -43,6 +37,15 @@ def installed_from(monkeypatch):
         monkeypatch.setattr(runtime, "_build_info", lambda: build_info)
 
     return install
+
+
+def test_another_minor_release_is_named_with_both_versions_and_a_reinstall(installed_from):
+    installed_from({"url": "file:///src/kerasdist-0.1.0.tar.gz", "archive_info": {}}, {"mpi": "PyPI mpich"})
+    message = runtime.tensorflow_mismatch("2.20.0", "2.21.0")
+    assert "built against TensorFlow 2.20.0" in message and "runs TensorFlow 2.21.0" in message
+    assert message.endswith(
+        f"{sys.executable} -m pip install --no-cache-dir --force-reinstall --no-deps /src/kerasdist-0.1.0.tar.gz"
+    )
 
 
 def test_rebuild_reinstalls_the_sdist_it_came_from(installed_from):
