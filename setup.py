@@ -51,6 +51,8 @@ and ``nvidia-cuda-cccl-cu12`` (requirements-nccl.txt), found beside this build's
 (which ``kerasdist-run`` launches with) and the TensorFlow version.
 """
 
+import concurrent.futures
+import contextlib
 import dataclasses
 import glob
 import importlib.metadata
@@ -334,6 +336,25 @@ class BuildOpLibrary(build_ext):
             self.force = True
         super().run()
 
+    @contextlib.contextmanager
+    def compiling_in_parallel(self):
+        """setuptools compiles one extension's sources one after another (its ``-j`` runs
+        extensions side by side, and there is one); the library's ~20 files, a few of them heavy
+        with TensorFlow's headers, compile one per CPU instead (``build_ext -j N`` sets N)."""
+        jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 else len(os.sched_getaffinity(0))
+        compile_sources = self.compiler.compile
+
+        def compile_each(sources, *args, **kwargs):
+            with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
+                compiled = pool.map(lambda source: compile_sources([source], *args, **kwargs), sources)
+                return [obj for objects in compiled for obj in objects]
+
+        self.compiler.compile = compile_each
+        try:
+            yield
+        finally:
+            self.compiler.compile = compile_sources
+
     def final_directory(self, ext, target):
         """Where the library will be loaded from: the package's source directory when built in
         place, else the package's directory in the installing Python's site-packages."""
@@ -368,7 +389,8 @@ class BuildOpLibrary(build_ext):
             tf["link_flags"] + mpi.link_flags + mpi.build_link_flags + nccl_link + [f"-Wl,-rpath,{p}" for p in rpaths]
         )
         # Python's own CFLAGS (e.g. -DNDEBUG -g -fwrapv) are harmless; its C++ std flag is ours.
-        super().build_extension(ext)
+        with self.compiling_in_parallel():
+            super().build_extension(ext)
         mpiexec, flavour = mpiexec_and_flavour(mpi)
         # Beside the library being built; setuptools installs or copies it with the library.
         out_dir = os.path.dirname(os.path.abspath(self.get_ext_fullpath(ext.name)))
