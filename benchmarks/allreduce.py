@@ -33,6 +33,15 @@ How it is timed
   raw time / our time (1.00 is parity, below 1 we are slower), with the range
   of the per-repeat ratios.
 
+Where the time goes
+  Under each table, kerasdist's time per op (per step for the tensor lists) split by the engine
+  thread's phases from kd.engine_times(), the mean of the ranks: negotiation, slow path, copy in
+  (packing fused tensors), transfer (the MPI calls), outputs, hand back (TensorFlow's callbacks),
+  other (bookkeeping), and `outside`, the rest of the wall time, when the engine thread had nothing
+  to do: TensorFlow running the loop between ops and waking the engine. Beside them the raw MPI
+  time of the same bytes (the flat buffer, for the tensor lists), the time collectives waited to
+  be taken up (pickup) and the negotiation cycles per op.
+
 TensorFlow runs with one intra-op and one inter-op thread per rank, the way a
 rank per core is deployed on these machines.
 """
@@ -132,18 +141,56 @@ def calibrate(fn):
     return COMM.bcast(min(max(iters, ARGS.min_iters), ARGS.max_iters), root=0)
 
 
+# The engine thread's working phases (kd.engine_times()); its idle time is not read from the
+# totals, since a stretch of idle is charged when the engine next wakes, maybe inside the next case.
+BUSY_PHASES = ["negotiation", "slow_path", "copy_in", "transfer", "outputs", "hand_back", "other"]
+
+
 def compare(cases):
     """Times every case (name -> fn(iters)); the cases alternate within each repeat.
 
-    Returns name -> dict(op_s=median seconds per op, iters=N, samples=per-repeat times)."""
+    Returns name -> dict(op_s=median seconds per op, iters=N, samples=per-repeat times, and for
+    kerasdist's cases phases_s: where the engine thread's time per op went, mean of the ranks)."""
     iters = {name: calibrate(fn) for name, fn in cases.items()}
     samples = {name: [] for name in cases}
+    spent = {name: np.zeros(len(BUSY_PHASES) + 2) for name in cases}  # busy phases, pickup, cycles
     for _ in range(ARGS.repeats):
         for name, fn in cases.items():
+            before = kd.engine_times()
             samples[name].append(timed(fn, iters[name]) / iters[name])
-    return {
-        name: dict(op_s=statistics.median(samples[name]), iters=iters[name], samples=samples[name]) for name in cases
-    }
+            after = kd.engine_times()
+            spent[name] += [after[key] - before[key] for key in (*BUSY_PHASES, "pickup", "cycles")]
+    results = {}
+    for name in cases:
+        results[name] = dict(op_s=statistics.median(samples[name]), iters=iters[name], samples=samples[name])
+        if not name.startswith("raw"):
+            mean = COMM.allreduce(spent[name], op=MPI.SUM) / SIZE / (iters[name] * ARGS.repeats)
+            results[name]["phases_s"] = phase_breakdown(mean, results[name]["op_s"])
+    return results
+
+
+def phase_breakdown(per_op, op_s):
+    """The engine's phases per op, and `outside`: the rest of the op's wall time, during which the
+    engine thread had nothing to do (TensorFlow between ops, the engine's wake-up)."""
+    phases = dict(zip(BUSY_PHASES, per_op[: len(BUSY_PHASES)]))
+    phases["outside"] = max(0.0, op_s - sum(phases.values()))
+    phases["pickup"] = per_op[-2]  # summed over the op's collectives
+    phases["cycles"] = per_op[-1]
+    return phases
+
+
+def say_breakdown(rows):
+    """rows: (label, raw seconds, phases_s) -> a table in µs per op."""
+    columns = [*BUSY_PHASES, "outside"]
+    say(
+        "  where kerasdist's time per op goes, µs (mean of the ranks): the engine thread's phases"
+        " (kd.engine_times()),\n  `outside` = the rest of the wall time (TensorFlow between ops, waking"
+        " the engine); pickup = enqueued -> taken up"
+    )
+    say(f"  {'':<28}" + "".join(f"{c:>12}" for c in columns) + f"{'raw MPI':>10}{'pickup':>9}{'cycles':>8}")
+    for label, raw_s, phases in rows:
+        cells = "".join(f"{phases[c] * 1e6:12.1f}" for c in columns)
+        say(f"  {label:<28}{cells}{raw_s * 1e6:10.1f}{phases['pickup'] * 1e6:9.1f}{phases['cycles']:8.2f}")
 
 
 def ratio_range(raw, ours):
@@ -207,12 +254,14 @@ def bench_sizes():
             raw_iters=raw_r["iters"],
             ours_iters=ours_r["iters"],
         )
+        row["phases_s"] = ours_r["phases_s"]
         rows.append(row)
         say(
             f"{human(nbytes):>9} {row['raw_s'] * 1e6:10.1f} {row['ours_s'] * 1e6:10.1f} "
             f"{row['ratio']:9.2f} {low:5.2f}-{high:<5.2f} "
             f"{row['raw_gbps']:9.2f} {row['ours_gbps']:10.2f} {row['raw_iters']:6d} {row['ours_iters']:7d}"
         )
+    say_breakdown([(human(row["size_bytes"]), row["raw_s"], row["phases_s"]) for row in rows])
     return rows
 
 
@@ -276,11 +325,16 @@ def bench_tensor_list(title, shapes, separate_ops=False):
             f"  {label:<44} {r['op_s'] * 1e3:8.2f} ms {total / r['op_s'] / 1e9:6.2f} GB/s"
             f"  {per_tensor / r['op_s']:5.2f}x raw per tensor"
         )
+    flat = results["raw: one flat buffer"]["op_s"]
+    say_breakdown(
+        [(label[len("kerasdist: ") :], flat, r["phases_s"]) for label, r in results.items() if "phases_s" in r]
+    )
     return dict(
         threshold=threshold,
         tensors=len(shapes),
         bytes=total,
         step_seconds={label: r["op_s"] for label, r in results.items()},
+        step_phases_s={label: r["phases_s"] for label, r in results.items() if "phases_s" in r},
     )
 
 

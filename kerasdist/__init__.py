@@ -20,6 +20,7 @@ _EXPORTS = {
         for name in (
             "cross_rank",
             "cross_size",
+            "engine_times",
             "init",
             "is_initialized",
             "local_rank",

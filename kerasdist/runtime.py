@@ -194,6 +194,11 @@ def init():
         ]
         engine.kerasdist_submit_failure.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p]
         engine.kerasdist_join.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p, ctypes.c_int]
+        engine.kerasdist_engine_times.argtypes = [
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.POINTER(ctypes.c_double),
+            ctypes.c_int,
+        ]
         error = ctypes.create_string_buffer(1024)
         settings = engine_settings(knobs)
         names = (ctypes.c_char_p * len(settings))(*(name.encode() for name, _ in settings))
@@ -522,6 +527,42 @@ def cross_rank():
 def cross_size():
     """The number of hosts that have a process with this local_rank."""
     return _started().cross_size
+
+
+def engine_times():
+    """Where this rank's engine thread has spent its time since `init()`: a dict of running totals.
+
+    Keys, in order: seconds in each phase of the engine thread, which together make up its wall
+    time — ``idle`` (nothing pending: waiting for this process's next collective),
+    ``negotiation`` (agreeing with the other ranks what is ready, waiting there for slower ranks
+    included), ``slow_path`` (first calls and changed requests, settled through rank 0),
+    ``copy_in`` (packing fused tensors), ``transfer`` (the MPI or NCCL calls that move the data),
+    ``outputs`` (allocating and scaling results), ``hand_back`` (TensorFlow's completion
+    callbacks), ``other`` (bookkeeping); then ``pickup`` (seconds collectives waited, summed,
+    between TensorFlow handing them over and a cycle taking them up), ``cycles`` and
+    ``collectives`` (counts). Take the difference of two calls around the code you measure:
+    a rank that is mostly ``idle`` waits on its own computation, a large ``negotiation`` share is
+    waiting for other ranks (or many small cycles), a large ``transfer`` share is the network.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist
+    kerasdist.init()
+    before = kerasdist.engine_times()
+    kerasdist.allreduce(tf.ones([1024]), name="engine_times_example")
+    after = kerasdist.engine_times()
+    print(int(after["collectives"] - before["collectives"]))  # 1
+    print(after["transfer"] > before["transfer"])  # True
+    ```
+    """
+    engine = _started().engine
+    capacity = 16
+    names = (ctypes.c_char_p * capacity)()
+    values = (ctypes.c_double * capacity)()
+    count = engine.kerasdist_engine_times(names, values, capacity)
+    return {names[i].decode(): values[i] for i in range(min(count, capacity))}
 
 
 def mpi_built():

@@ -13,6 +13,7 @@
 #include <new>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine.h"
@@ -219,6 +220,24 @@ int kerasdist_join(int* last_joined_rank, char* error, int error_size) {
 
 // 1 when the engine gave up waiting for other ranks: its communicator is then unusable.
 int kerasdist_stalled() { return kerasdist::Engine::Get().stalled() ? 1 : 0; }
+
+int kerasdist_engine_times(const char** names, double* values, int capacity) {
+  using kerasdist::Phase;
+  const kerasdist::PhaseClock& clock = kerasdist::Engine::Get().phases();
+  std::vector<std::pair<const char*, double>> entries;
+  for (int p = 0; p < static_cast<int>(Phase::kCount); ++p) {
+    entries.push_back({kerasdist::PhaseName(static_cast<Phase>(p)), clock.seconds(static_cast<Phase>(p))});
+  }
+  entries.push_back({"pickup", clock.pickup_seconds()});
+  entries.push_back({"cycles", static_cast<double>(clock.cycles())});
+  entries.push_back({"collectives", static_cast<double>(clock.collectives())});
+  const int count = static_cast<int>(entries.size());
+  for (int i = 0; i < count && i < capacity; ++i) {
+    names[i] = entries[i].first;
+    values[i] = entries[i].second;
+  }
+  return count;
+}
 
 // Allreduces `tensor_count` tensors of one dtype as one request (fused when the fusion threshold
 // allows) and waits for the results: outputs[i] receives counts[i] reduced values, and may be

@@ -42,6 +42,12 @@ void kerasdist_shutdown(void);
 void kerasdist_submit_failure(const char* name, int op_kind, const char* message);
 int kerasdist_join(int* last_joined_rank, char* error, int error_size);
 int kerasdist_stalled(void);
+/* Where the engine thread's time went since it started: seconds per phase (idle, negotiation,
+   slow_path, copy_in, transfer, outputs, hand_back, other; together the thread's wall time), then
+   "pickup" (seconds collectives waited, summed, between being enqueued and a cycle taking them up),
+   "cycles" and "collectives" (counts). Fills up to `capacity` names and values; returns how many
+   there are. */
+int kerasdist_engine_times(const char** names, double* values, int capacity);
 
 int kerasdist_grouped_allreduce(const char* name, int tensor_count, const void* const* inputs, void* const* outputs,
                                 const int64_t* counts, int dtype, int wire_dtype, int reduce_op, double prescale,

@@ -74,7 +74,7 @@ Status Engine::Start(const EngineOptions& options) {
   watchdog_ = std::make_unique<Watchdog>(options_.collective_timeout_s, stall_inspector_->RankAndHost(rank_));
   backend_ = std::make_unique<WatchedBackend>(std::make_unique<MpiBackend>(comm_, options_.fusion_threshold_bytes),
                                               watchdog_.get());
-  fusion_ = std::make_unique<Fusion>(options_, backend_.get(), &timeline_, fusion_buffer_factory_);
+  fusion_ = std::make_unique<Fusion>(options_, backend_.get(), &timeline_, &phases_, fusion_buffer_factory_);
   if (rank_ == 0 && !options_.timeline_path.empty() && !timeline_.Open(options_.timeline_path)) {
     Log(2, "cannot write the timeline to '%s'; continuing without it", options_.timeline_path.c_str());
   }
@@ -218,7 +218,10 @@ int64_t Engine::NextExecution(const std::string& function) {
 
 void Engine::Loop() {
   auto backoff = std::chrono::microseconds(0);
+  phases_.Start();
   while (true) {
+    // With something pending, this rank waits for the others to agree; else for its own caller.
+    const Phase waiting = pending_.empty() ? Phase::kIdle : Phase::kNegotiation;
     if (pending_.empty()) {
       // A training step issues collectives back to back: a short spin catches the next one
       // without the cost of a sleep and wake-up.
@@ -250,6 +253,7 @@ void Engine::Loop() {
         std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(options_.cycle_time_ms));
       }
     }
+    phases_.Charge(waiting);
     bool progress = false;
     if (!RunCycle(&progress)) break;
     if (progress) backoff = std::chrono::microseconds(0);
@@ -262,7 +266,9 @@ bool Engine::RunCycle(bool* progress) {
   bool shutting_down;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto taken_up = Clock::now();
     for (auto& e : incoming_) {
+      phases_.CountTakenUp(taken_up - e->enqueued);
       std::string name = e->request.name;
       pending_.emplace(std::move(name), std::move(e));
     }
@@ -317,6 +323,8 @@ bool Engine::RunCycle(bool* progress) {
   if (!blocked_eagerly) bits[0] |= kNobodyBlockedEagerly;
 
   MPI_Request request;
+  phases_.Charge(Phase::kOther);
+  phases_.CountCycle();
   watchdog_->ArmForNegotiationCall();
   int code = MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(words_), MPI_UINT64_T,
                             MPI_BAND, comm_, &request);
@@ -324,6 +332,7 @@ bool Engine::RunCycle(bool* progress) {
                                             &request, [this] { return PendingNames(8); }, watchdog_.get())
                                       : MpiStatus(code, "negotiation", "(cycle)");
   watchdog_->Disarm();
+  phases_.Charge(Phase::kNegotiation);
   if (!status.ok()) {
     Log(3, "%s", status.message.c_str());
     Stop(status, status);
@@ -343,7 +352,12 @@ bool Engine::RunCycle(bool* progress) {
       ready.push_back({it->second.get(), cache_.response(id), negotiated});
     }
   }
-  if (!(bits[0] & kNobodyReports) && !SlowPath(invalidations, &ready)) return false;
+  if (!(bits[0] & kNobodyReports)) {
+    phases_.Charge(Phase::kOther);
+    const bool agreed = SlowPath(invalidations, &ready);
+    phases_.Charge(Phase::kSlowPath);
+    if (!agreed) return false;
+  }
 
   if (timeline_.enabled()) timeline_.CycleMark(negotiated, static_cast<int>(ready.size()));
   *progress = !ready.empty();
@@ -358,6 +372,7 @@ bool Engine::RunCycle(bool* progress) {
     return false;
   }
   if (coordinator_) coordinator_->WarnAboutStalls(Clock::now());
+  phases_.Charge(Phase::kOther);
   return true;
 }
 
@@ -493,6 +508,7 @@ void Engine::Execute(std::vector<Ready>& ready) {
     Collective* c = r->collective;
     Status status = r->response.status;
     if (status.ok()) {
+      phases_.Charge(Phase::kOther);
       auto start = Clock::now();
       switch (c->request.kind) {
         case OpKind::kAllgather: status = RunAllgather(c, r->response); break;
@@ -507,6 +523,7 @@ void Engine::Execute(std::vector<Ready>& ready) {
         }
         case OpKind::kAllreduce: break;
       }
+      phases_.Charge(Phase::kTransfer);  // with the output's allocation, for these kinds
       if (timeline_.enabled()) timeline_.Phase(c->request.name, OpKindName(c->request.kind), start, Clock::now());
     }
     Finish(c, status);
@@ -524,7 +541,9 @@ void Engine::ExecuteOnDevice(const std::vector<Ready*>& ready) {
   if (created.ok()) {
     std::vector<std::pair<Collective*, const Response*>> run;
     for (Ready* r : ready) run.push_back({r->collective, &r->response});
-    device_executor_->Run(run);
+    phases_.Charge(Phase::kOther);
+    device_executor_->Run(run);  // its copies and calls together
+    phases_.Charge(Phase::kTransfer);
   }
   for (Ready* r : ready) Finish(r->collective, created.ok() ? r->collective->status : created);
 }
@@ -613,7 +632,9 @@ void Engine::Finish(Collective* e, const Status& status) {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.erase(owned->request.name);
   }
+  phases_.Charge(Phase::kOther);
   owned->done(status);
+  phases_.Charge(Phase::kHandBack);
 }
 
 void Engine::Stop(const Status& reason, const Status& pending_status) {

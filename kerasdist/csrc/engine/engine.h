@@ -35,6 +35,7 @@
 #include "coordinator.h"
 #include "device_executor.h"
 #include "fusion.h"
+#include "phase_clock.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
 #include "timeline.h"
@@ -78,6 +79,8 @@ class Engine {
   // continues the count. Every count starts again from 0 when every rank has joined (join), since
   // ranks with unequal data made unequal numbers of calls before.
   int64_t NextExecution(const std::string& function);
+  // Where the engine thread's time went since it started (kerasdist.engine_times()).
+  const PhaseClock& phases() const { return phases_; }
 
  private:
   struct Ready {
@@ -137,6 +140,7 @@ class Engine {
   std::unique_ptr<DeviceExecutor> device_executor_;  // created by the first device collective
   std::atomic<bool> timed_out_{false};
   Timeline timeline_;
+  PhaseClock phases_;  // charged by the engine thread
   // Join (kerasdist.join). Rank 0 decides who has joined and sends the list with every
   // slow-path answer, so every rank knows it from the same cycle on; while anyone has joined,
   // every request goes through the slow path (rank 0 must see who sent what), and the fast

@@ -42,10 +42,12 @@ size_t FusedBytes(const TensorSpec& spec) {  // in the fusion buffer, as it trav
 
 }  // namespace
 
-Fusion::Fusion(const EngineOptions& options, Backend* backend, Timeline* timeline, FusionBufferFactory factory)
+Fusion::Fusion(const EngineOptions& options, Backend* backend, Timeline* timeline, PhaseClock* phases,
+               FusionBufferFactory factory)
     : threshold_bytes_(options.fusion_threshold_bytes),
       backend_(backend),
       timeline_(timeline),
+      phases_(phases),
       factory_(std::move(factory)) {}
 
 void Fusion::Run(const std::vector<Collective*>& collectives) {
@@ -91,24 +93,29 @@ void Fusion::RunAlone(Collective* c, int t) {
   const TensorSpec& spec = c->request.tensors[t];
   if (spec.compressed()) return RunAloneCompressed(c, t);
   const int64_t count = NumElements(spec.shape);
+  phases_->Charge(Phase::kOther);
   void* out = nullptr;
   const Status allocated = c->allocate(t, spec.shape, &out);
   std::vector<char> stand_in;
   if (!allocated.ok()) out = StandInOutput(count * DataTypeSize(spec.dtype), &stand_in, c->request.name);
+  phases_->Charge(Phase::kOutputs);
   const void* in = c->inputs[t];
   auto start = Clock::now();
   if (c->request.prescale != 1.0) {
     ScaledCopy(out, in, count, spec.dtype, c->request.prescale);
     in = out;
+    phases_->Charge(Phase::kCopyIn);
   }
   // Where the backend scales while it combines, the finishing scale needs no pass of its own.
   const bool scaled_while_combined = backend_->ScalesWhileCombining(spec.dtype);
   Status s = backend_->Allreduce(in, out, count, spec.dtype, c->request.reduce_op,
                                  scaled_while_combined ? c->FinishScale(spec.dtype) : 1.0, c->request.name);
+  phases_->Charge(Phase::kTransfer);
   if (!allocated.ok()) return c->Fail(allocated);
   if (!s.ok()) return c->Fail(s);
   auto reduced = Clock::now();
   if (!scaled_while_combined) c->FinishOutput(t, out, count);
+  phases_->Charge(Phase::kOutputs);
   if (timeline_->enabled()) {
     timeline_->Phase(c->request.name, "allreduce", start, reduced);
     timeline_->Phase(c->request.name, "scale", reduced, Clock::now());
@@ -121,20 +128,24 @@ void Fusion::RunAloneCompressed(Collective* c, int t) {
   // scale, and half the bytes on the wire.
   const TensorSpec& spec = c->request.tensors[t];
   const int64_t count = NumElements(spec.shape);
+  phases_->Charge(Phase::kOther);
   auto start = Clock::now();
   compressed_scratch_.resize(count);
   CompressCopy(compressed_scratch_.data(), spec.wire, c->inputs[t], spec.dtype, count, c->request.prescale);
+  phases_->Charge(Phase::kCopyIn);
   auto reduce_start = Clock::now();
   const double scale = c->FinishScale(spec.dtype);
   const bool scaled_while_combined = backend_->ScalesWhileCombining(spec.wire);
   Status s = backend_->Allreduce(compressed_scratch_.data(), compressed_scratch_.data(), count, spec.wire,
                                  c->request.reduce_op, scaled_while_combined ? scale : 1.0, c->request.name);
+  phases_->Charge(Phase::kTransfer);
   if (!s.ok()) return c->Fail(s);
   auto reduced = Clock::now();
   void* out = nullptr;
   s = c->allocate(t, spec.shape, &out);
   if (!s.ok()) return c->Fail(s);
   DecompressCopy(out, spec.dtype, compressed_scratch_.data(), spec.wire, count, scaled_while_combined ? 1.0 : scale);
+  phases_->Charge(Phase::kOutputs);
   if (timeline_->enabled()) {
     timeline_->Phase(c->request.name, "copy_in", start, reduce_start);
     timeline_->Phase(c->request.name, "allreduce", reduce_start, reduced);
@@ -192,6 +203,7 @@ void Fusion::RunGroup(const std::vector<Item>& items) {
   }
   char* data = buffer->data();
 
+  phases_->Charge(Phase::kOther);
   auto copy_in_start = Clock::now();
   for (size_t i = 0; i < items.size(); ++i) {
     auto& [c, t] = items[i];
@@ -207,9 +219,11 @@ void Fusion::RunGroup(const std::vector<Item>& items) {
     const size_t end = offsets[i] + count * item_size;
     std::memset(data + end, 0, offsets[i + 1] - end);
   }
+  phases_->Charge(Phase::kCopyIn);
   auto reduce_start = Clock::now();
   Status reduced = backend_->Allreduce(data, data, static_cast<int64_t>(total / item_size), dtype, op,
                                        scaled_while_combined ? scale : 1.0, items[0].first->request.name);
+  phases_->Charge(Phase::kTransfer);
   auto scale_start = Clock::now();
   if (!reduced.ok()) return fail_all(reduced);
   for (size_t i = 0; i < items.size(); ++i) {
@@ -229,6 +243,7 @@ void Fusion::RunGroup(const std::vector<Item>& items) {
     }
     if (!s.ok()) c->Fail(s);
   }
+  phases_->Charge(Phase::kOutputs);
   if (timeline_->enabled()) {
     auto end = Clock::now();
     for (auto& [c, t] : items) {

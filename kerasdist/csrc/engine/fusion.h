@@ -9,6 +9,7 @@
 
 #include "backend.h"
 #include "collective.h"
+#include "phase_clock.h"
 #include "timeline.h"
 
 namespace kerasdist {
@@ -20,7 +21,8 @@ inline size_t AlignedBytes(size_t bytes) { return (bytes + kFusedAlignment - 1) 
 
 class Fusion {
  public:
-  Fusion(const EngineOptions& options, Backend* backend, Timeline* timeline, FusionBufferFactory factory);
+  Fusion(const EngineOptions& options, Backend* backend, Timeline* timeline, PhaseClock* phases,
+         FusionBufferFactory factory);
 
   // Runs every allreduce of `collectives`, which every rank passes in the same order; a
   // failure goes to the status of each collective it touched.
@@ -39,6 +41,7 @@ class Fusion {
   const int64_t threshold_bytes_;
   Backend* backend_;
   Timeline* timeline_;
+  PhaseClock* phases_;
   FusionBufferFactory factory_;
   std::vector<std::unique_ptr<FusionBuffer>> pool_;
   std::vector<uint16_t> compressed_scratch_;  // a large compressed tensor, as it travels
