@@ -117,13 +117,32 @@ def pytest_configure(config):
     reporter.hasmarkup = reporter._tw.hasmarkup
 
 
+# Under pytest-xdist (`make test` runs the one-process suite on two workers), tests that share
+# something outside the process stay on one worker, in order: the emulated hosts (network
+# namespaces, one Slurm), and the engine's C++ test binaries built in one place.
+SHARED_OUTSIDE_THE_PROCESS = {"multihost": "emulated-hosts", "slurm": "emulated-hosts", "engine": "engine-binaries"}
+
+
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
         if item.get_closest_marker("timeout") is None:
             limit = COLLECTIVE_TEST_TIMEOUT_S if "collectives" in item.path.parts else DEFAULT_TEST_TIMEOUT_S
             item.add_marker(pytest.mark.timeout(limit, method="thread"))
+    if getattr(config.option, "numprocesses", None):
+        _group_for_workers(config, items)
     if SIZE > 1:
         _check_same_tests_on_every_rank(items)
+
+
+def _group_for_workers(config, items):
+    """One xdist group per test file (its module fixtures are set up once), or per shared resource.
+    The longest group, the emulated hosts, goes first so the other worker fills in around it."""
+    tests = config.rootpath / "tests"
+    for item in items:
+        part = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        group = SHARED_OUTSIDE_THE_PROCESS.get(part, str(item.path))
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.path.relative_to(tests).parts[0] not in ("multihost", "slurm"))
 
 
 def _check_same_tests_on_every_rank(items):
