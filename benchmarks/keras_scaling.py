@@ -182,6 +182,7 @@ def run_once(name, command, env):
         "cpu_ms_per_step_per_rank": statistics.mean(r["cpu_ms_per_step_per_rank"] for r in results),
         "wall_s": wall_s,
         "load_average_1min_before": load_before,
+        "engine_ms_per_step": results[0].get("engine_ms_per_step"),
         "results": results,
     }
 
@@ -233,7 +234,10 @@ def summarize(runs, names):
         ratios({r["configuration"]: r["images_per_second"] for r in runs if r["round"] == i})
         for i in range(ROUNDS.value)
     ]
+    engine = [r["engine_ms_per_step"] for r in runs if r["configuration"] == KERASDIST_N]
     return {
+        # kerasdist-N's engine thread per step, median over the rounds (kerasdist.engine_times()).
+        "engine_ms_per_step": {key: statistics.median(e[key] for e in engine) for key in engine[0]},
         "images_per_second": {
             "median": median,
             "best": best,
@@ -262,6 +266,14 @@ def print_summary(summary, names):
             f"{name:<14} {throughput['median'][name]:12.1f} {throughput['best'][name]:8.1f} "
             f"{throughput['worst'][name]:8.1f} {step_ms:8.1f} {cpu_ms:17.1f} {cpu_ms / step_ms:9.2f}"
         )
+    engine = summary["engine_ms_per_step"]
+    busy = sum(value for key, value in engine.items() if key != "cycles")
+    print(
+        f"\n{KERASDIST_N}: the engine thread per step (ms, median of rounds; step "
+        f"{summary['step_ms'][KERASDIST_N]:.1f} ms, {engine['cycles']:.1f} negotiation cycles): "
+        + ", ".join(f"{key} {value:.2f}" for key, value in engine.items() if key != "cycles")
+        + f"; busy {busy:.2f}"
+    )
     estimates = summary["ratios"]
     n = RANKS.value
     print(f"\n{'':<22}" + "".join(f"{label:>11}" for label in estimates))

@@ -195,6 +195,49 @@ def keras_ratios():
     return markdown(["ratio", *order, "target"], rows), [record]
 
 
+PHASE_COLUMNS = (
+    ("negotiation", "negotiation"),
+    ("copy_in", "copy in"),
+    ("transfer", "transfer (MPI)"),
+    ("outputs", "outputs"),
+    ("hand_back", "hand back"),
+    ("other", "other"),
+    ("outside", "outside the engine"),
+)
+
+
+def allreduce_phases():
+    """kerasdist's time per op split by the engine thread's phases (benchmarks/allreduce.py)."""
+    record = load("allreduce")
+    cases = [
+        (f"{size(row['size_bytes'])}, chained", row["raw_s"], row["ours_s"], row["phases_s"]) for row in record["sizes"]
+    ]
+    many = record["many"]
+    flat = many["step_seconds"]["raw: one flat buffer"]
+    for label, phases in many["step_phases_s"].items():
+        shown = label.removeprefix("kerasdist: ").replace("kd.", "")
+        cases.append(
+            (
+                f"{many['tensors']} × {size(many['bytes'] // many['tensors'])}: {shown}",
+                flat,
+                many["step_seconds"][label],
+                phases,
+            )
+        )
+    rows = []
+    for label, raw_s, ours_s, phases in cases:
+        other = phases["other"] + phases["slow_path"]
+        cells = [duration(other if key == "other" else phases[key]) for key, _ in PHASE_COLUMNS]
+        rows.append([label, duration(raw_s), duration(ours_s), *cells])
+    columns = [
+        "per op (per step for the 160)",
+        "raw MPI, same bytes",
+        "kerasdist",
+        *(name for _, name in PHASE_COLUMNS),
+    ]
+    return markdown(columns, rows), [record]
+
+
 def negotiation_one_host():
     fast, slow = load("negotiation_fast_path"), load("negotiation_slow_path")
     raw = statistics.median(fast["raw_samples"] + slow["raw_samples"])
@@ -213,6 +256,7 @@ def negotiation_one_host():
 BLOCKS = {
     "allreduce#sizes": allreduce_sizes,
     "allreduce#fusion": allreduce_fusion,
+    "allreduce#phases": allreduce_phases,
     "keras_scaling#throughput": keras_throughput,
     "keras_scaling#ratios": keras_ratios,
     "negotiation#one_host": negotiation_one_host,

@@ -120,6 +120,19 @@ class IterationTimer(keras.callbacks.Callback):
             )
 
 
+def engine_phases_per_step(before, after):
+    """The engine thread's busy phases (kerasdist.engine_times()) in ms per timed step, and its
+    negotiation cycles per step, the mean of the ranks; every rank must call it. Idle is left out:
+    a stretch of it is charged when the engine next wakes."""
+    import kerasdist
+
+    steps = NUM_ITERS.value * NUM_BATCHES_PER_ITER.value
+    busy = [key for key in after if key not in ("idle", "pickup", "cycles", "collectives")]
+    mine = [(after[key] - before[key]) / steps for key in [*busy, "cycles"]]
+    mean = np.mean(kerasdist.allgather_object(mine), axis=0)
+    return {**{key: 1e3 * value for key, value in zip(busy, mean)}, "cycles": float(mean[-1])}
+
+
 def synthetic_batches(image_size, num_classes, batch_size, seed):
     """One fixed random batch, repeated for ever."""
     rng = np.random.default_rng(seed)
@@ -172,6 +185,7 @@ def main(_):
         dataset, steps_per_epoch=NUM_WARMUP_BATCHES.value, epochs=1, callbacks=callbacks, shuffle=False, verbose=0
     )
     timer = IterationTimer(BATCH_SIZE.value * NUM_BATCHES_PER_ITER.value, rank)
+    engine_before = kerasdist.engine_times() if USE_KERASDIST.value else None
     model.fit(
         dataset,
         steps_per_epoch=NUM_BATCHES_PER_ITER.value,
@@ -182,8 +196,10 @@ def main(_):
     )
 
     timings = [(timer.wall_seconds, timer.cpu_seconds)]
+    engine_ms_per_step = None
     if USE_KERASDIST.value:
         timings = kerasdist.allgather_object(timings[0])
+        engine_ms_per_step = engine_phases_per_step(engine_before, kerasdist.engine_times())
     if rank != 0:
         return
     # An iteration is over when the slowest rank is done with it.
@@ -214,6 +230,7 @@ def main(_):
         "cpu_ms_per_step_per_rank": 1e3 * statistics.median(mean_cpu) / NUM_BATCHES_PER_ITER.value,
         "iteration_images_per_second": total,
         "threads": {name: os.environ.get(name) for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")},
+        "engine_ms_per_step": engine_ms_per_step,
     }
     print("RESULT " + json.dumps(result), flush=True)
 
