@@ -136,15 +136,13 @@ def pytest_collection_modifyitems(session, config, items):
 
 def _group_for_workers(config, items):
     """One xdist group per test file (its module fixtures are set up once), or per shared resource.
-    The two longest groups, the emulated hosts and the pip installs, go first, one to each worker,
-    and the other tests fill in around them."""
+    The longest group, the emulated hosts, goes first so the other worker fills in around it."""
     tests = config.rootpath / "tests"
     for item in items:
         part = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
         group = SHARED_OUTSIDE_THE_PROCESS.get(part, str(item.path))
         item.add_marker(pytest.mark.xdist_group(group))
-    longest_first = {"emulated-hosts": 0, str(tests / "install" / "check_pip_install.py"): 1}
-    items.sort(key=lambda item: longest_first.get(item.get_closest_marker("xdist_group").args[0], 2))
+    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != "emulated-hosts")
 
 
 def _check_same_tests_on_every_rank(items):

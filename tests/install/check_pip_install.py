@@ -8,9 +8,8 @@ resolved) into a fresh venv that already has TensorFlow, then used from that ven
 * That venv's TensorFlow is then upgraded under kerasdist: `kerasdist.init()` and
   `kerasdist-run --check-build` name both releases, and the rebuild command they name makes it work.
 
-Minutes of work (two TensorFlow installs, three compiles of the op library), so a plain `pytest tests`
-does not collect it (the name is not test_*.py): `make test` names it, to run on one pytest-xdist
-worker beside the other tests, and `make test-install` runs it alone.
+Minutes of work (two TensorFlow installs, three compiles of the op library), so `make test` does not
+collect it (the name is not test_*.py); `make test-install` runs it.
 """
 
 import json
