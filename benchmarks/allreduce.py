@@ -141,9 +141,10 @@ def calibrate(fn):
     return COMM.bcast(min(max(iters, ARGS.min_iters), ARGS.max_iters), root=0)
 
 
-# The engine thread's working phases (kd.engine_times()); its idle time is not read from the
-# totals, since a stretch of idle is charged when the engine next wakes, maybe inside the next case.
-BUSY_PHASES = ["negotiation", "slow_path", "copy_in", "transfer", "outputs", "hand_back", "other"]
+# The engine thread's working phases, as kd.engine_times() names them; its idle time is not read
+# from the totals, since a stretch of idle is charged when the engine next wakes, maybe inside the
+# next case.
+BUSY_PHASES = [key for key in kd.engine_times() if key not in ("idle", "pickup", "cycles", "collectives")]
 
 
 def compare(cases):
