@@ -121,6 +121,9 @@ def pytest_configure(config):
 # something outside the process stay on one worker, in order: the emulated hosts (network
 # namespaces, one Slurm), and the engine's C++ test binaries built in one place.
 SHARED_OUTSIDE_THE_PROCESS = {"multihost": "emulated-hosts", "slurm": "emulated-hosts", "engine": "engine-binaries"}
+# The two longest groups start first, one on each worker (make test keeps this order with
+# --no-loadscope-reorder; xdist would otherwise sort groups by their number of tests).
+LONGEST_GROUPS = ("emulated-hosts", "install/test_pip_install.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -135,14 +138,18 @@ def pytest_collection_modifyitems(session, config, items):
 
 
 def _group_for_workers(config, items):
-    """One xdist group per test file (its module fixtures are set up once), or per shared resource.
-    The longest group, the emulated hosts, goes first so the other worker fills in around it."""
+    """One xdist group per test file (its module fixtures are set up once), or per shared resource."""
     tests = config.rootpath / "tests"
     for item in items:
-        part = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
-        group = SHARED_OUTSIDE_THE_PROCESS.get(part, str(item.path))
+        inside = item.path.relative_to(tests) if item.path.is_relative_to(tests) else item.path
+        group = SHARED_OUTSIDE_THE_PROCESS.get(inside.parts[0], inside.as_posix())
         item.add_marker(pytest.mark.xdist_group(group))
-    items.sort(key=lambda item: item.get_closest_marker("xdist_group").args[0] != "emulated-hosts")
+
+    def rank(item):
+        group = item.get_closest_marker("xdist_group").args[0]
+        return LONGEST_GROUPS.index(group) if group in LONGEST_GROUPS else len(LONGEST_GROUPS)
+
+    items.sort(key=rank)
 
 
 def _check_same_tests_on_every_rank(items):

@@ -1,5 +1,5 @@
 """The op library refuses a TensorFlow other than the one it was built against, and says how to
-rebuild it. Fast and in-process; check_pip_install.py (`make test-install`) does it for real."""
+rebuild it. Fast and in-process; test_pip_install.py does it for real."""
 
 import importlib.metadata
 import json

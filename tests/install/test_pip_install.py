@@ -8,8 +8,9 @@ resolved) into a fresh venv that already has TensorFlow, then used from that ven
 * That venv's TensorFlow is then upgraded under kerasdist: `kerasdist.init()` and
   `kerasdist-run --check-build` name both releases, and the rebuild command they name makes it work.
 
-Minutes of work (two TensorFlow installs, three compiles of the op library), so `make test` does not
-collect it (the name is not test_*.py); `make test-install` runs it.
+Minutes of work (two TensorFlow installs, three compiles of the op library): under `make test` it runs
+on one pytest-xdist worker, started first, beside the emulated hosts on the other; `make test-install`
+runs it alone.
 """
 
 import json
