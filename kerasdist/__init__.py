@@ -77,6 +77,7 @@ _SUBMODULES = (
     "learning_rate",
     "models",
     "optimizers",
+    "reductions",
     "run",
 )
 

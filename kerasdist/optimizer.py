@@ -10,23 +10,13 @@ import sys
 import keras
 import tensorflow as tf
 
-from kerasdist import _compat, one_bit, ops, runtime
+from kerasdist import _compat, ops, runtime
 from kerasdist.batch_growth.noise_scale import GradientNoiseScale
 from kerasdist.optimizers.wrapping import WrappingOptimizer
+from kerasdist.reductions import Allreduce, Delayed, GradientReduction, OneBit, reduce_gradients
+from kerasdist.reductions.allreduce import COMPRESSIONS, compression_name
 
-_COMPRESSIONS = {"none": ops.Compression.none, "fp16": ops.Compression.fp16, "bf16": ops.Compression.bf16}
 _GRADIENT_OPS = {"average": ops.Average, "sum": ops.Sum}
-
-
-def _compression_name(compression):
-    if isinstance(compression, str):
-        if compression not in _COMPRESSIONS:
-            raise ValueError(f"compression={compression!r}; expected one of {sorted(_COMPRESSIONS)}")
-        return compression
-    for name, known in _COMPRESSIONS.items():
-        if compression is known:
-            return name
-    raise ValueError(f"compression={compression!r}; expected kerasdist.Compression.none, .fp16 or .bf16")
 
 
 def _gradient_op_name(op):
@@ -34,91 +24,6 @@ def _gradient_op_name(op):
         if op == known or op == name:
             return name
     raise ValueError(f"op={op!r}: gradients can be combined with kerasdist.Average or kerasdist.Sum only")
-
-
-def reduce_gradients(grads, op=ops.Average, compression=ops.Compression.none, sparse_as_dense=False):
-    """Combines a list of per-rank gradients across ranks; `None` entries stay `None`.
-
-    Dense gradients go out in buckets of about `KERASDIST_BUCKET_BYTES` (by default an eighth
-    of their bytes, between 64 KiB and 4 MiB, or one bucket when every rank is on one host
-    without a GPU), last variables first,
-    one grouped allreduce each (small tensors of a bucket fuse into one MPI call). Inside a
-    `tf.function` a bucket's allreduce starts as soon as backprop has produced its gradients,
-    so communication overlaps the rest of the backward pass. `IndexedSlices` (embedding
-    gradients) are gathered, not densified, unless `sparse_as_dense`. In a world of one this
-    returns `grads` unchanged and adds no op to the graph.
-    """
-    return _reduce(grads, op, compression, sparse_as_dense)[0]
-
-
-def _reduce(grads, op, compression, sparse_as_dense, statistics=()):
-    """`reduce_gradients`, plus float32 `statistics` reduced with the last bucket (uncompressed,
-    so a squared norm cannot overflow float16). Returns (grads, statistics)."""
-    grads, statistics = list(grads), list(statistics)
-    if runtime.state().size == 1:
-        return grads, statistics
-    if sparse_as_dense:
-        grads = [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
-    dense_positions = [i for i, g in enumerate(grads) if g is not None and not isinstance(g, tf.IndexedSlices)]
-    reduced = list(grads)
-    buckets = _buckets(
-        dense_positions, grads, _bucket_bytes(runtime.state().knobs.bucket_bytes, [grads[i] for i in dense_positions])
-    ) or [[]]
-    for bucket in buckets:
-        # Statistics depend on every gradient: they ride with the last bucket, after its
-        # gradients, past the end of the compressed ones.
-        riders = statistics if bucket is buckets[-1] else []
-        out = ops._allreduce_group(
-            [grads[i] for i in bucket] + riders, op, None, 1.0, 1.0, compression.wire_dtypes(len(bucket))
-        )
-        for i, g in zip(bucket, out):
-            reduced[i] = g
-    for i, g in enumerate(grads):
-        if isinstance(g, tf.IndexedSlices):
-            reduced[i] = ops.allreduce(g, op=op, compression=compression)
-    return reduced, (out[len(buckets[-1]) :] if statistics else [])
-
-
-# KERASDIST_BUCKET_BYTES=auto: about this many buckets, within these sizes. Over a 50 Mbit/s link
-# ResNet-20's step fell from 441 ms (one bucket) to 311 ms with 8 buckets, 316-348 ms with 4 and
-# 393 ms with 2 (docs/network.md); the floor keeps tiny models from paying a negotiation per
-# few layers, the cap keeps the buckets of large models from waiting for too many layers.
-# With every rank on one CPU host, one bucket: shared memory leaves no transfer time to hide and
-# every CPU is busy with backprop, so each extra bucket's negotiation only takes CPU from it
-# (keras_scaling's E(2): 1.016 with one bucket, 0.707 with four; docs/performance.md).
-AUTO_BUCKETS = 8
-AUTO_BUCKET_BYTES_MIN, AUTO_BUCKET_BYTES_MAX = 64 * 2**10, 4 * 2**20
-
-
-def _nbytes(tensor):
-    return (tensor.shape.num_elements() or 0) * tensor.dtype.size
-
-
-def _bucket_bytes(setting, grads):
-    """The bucket size `setting` (KERASDIST_BUCKET_BYTES) gives for these dense gradients."""
-    if setting != "auto":
-        return setting
-    if runtime.state().one_cpu_host:
-        return 0
-    total = sum(_nbytes(g) for g in grads)
-    return min(AUTO_BUCKET_BYTES_MAX, max(AUTO_BUCKET_BYTES_MIN, total // AUTO_BUCKETS))
-
-
-def _buckets(positions, grads, bucket_bytes):
-    """`positions` of `grads` in reduction buckets of about `bucket_bytes` (0: one bucket).
-
-    Backprop produces the last variables' gradients first, so buckets are filled from the end:
-    the first bucket can travel while earlier layers are still being differentiated. Shapes and
-    order decide, so every rank makes the same buckets.
-    """
-    buckets, current, filled = [], [], 0
-    for i in reversed(positions):
-        current.append(i)
-        filled += _nbytes(grads[i])
-        if bucket_bytes and filled >= bucket_bytes:
-            buckets.append(current)
-            current, filled = [], 0
-    return buckets + ([current] if current else [])
 
 
 def _squared_norm(grads):
@@ -161,27 +66,22 @@ class DistributedOptimizer(WrappingOptimizer):
     Args:
         optimizer: the optimizer to wrap (a `keras.optimizers.Optimizer`, or a name such as `"sgd"`).
         op: `kerasdist.Average` (default) or `kerasdist.Sum`.
-        compression: `kerasdist.Compression.none` (default), `.fp16` or `.bf16`: the wire format
-            of float gradients.
+        reduction: how the gradients travel, a `kerasdist.reductions.GradientReduction`:
+            `Allreduce()` (the default: exact, optionally in a 16-bit wire format), `Delayed()`
+            (each update applies the step before's gradients, whose allreduce overlapped this
+            step), `OneBit()` (one sign bit per value, with error feedback), or a method of your
+            own. Its state (held gradients, residuals) is optimizer state, saved with it.
         backward_passes_per_step: micro-batches accumulated per update (default 1).
         average_aggregated_gradients: whether an update applies the mean of its `k` micro-batch
             gradients (default True: the gradient of the whole effective batch) or their sum
             (Horovod's default, k times larger).
-        sparse_as_dense: reduce embedding (`IndexedSlices`) gradients as dense tensors instead of
-            gathering them; better when most rows are touched every step.
         gradient_noise_scale: a `kerasdist.GradientNoiseScale` to feed from every update; its
-            one scalar rides in the gradients' grouped allreduce.
-        delay_gradients: each update applies the gradients of the update before it (reduced
-            while this step computed), and keeps this step's for the next: the allreduce
-            depends on nothing the step computes, so inside `tf.function` it runs during the
-            forward and backward pass instead of after them. The first update applies nothing;
-            the stored gradients are optimizer state, saved and restored with it. Staleness of
-            one step, as in pipelined ("one-step-delayed") SGD; not with `gradient_noise_scale`.
-        one_bit_gradients: send one sign bit per gradient value and a scale per tensor, with
-            error feedback (see `kerasdist.one_bit`): each rank keeps what quantising lost and
-            adds it to its next gradient. The residuals are optimizer state. Dense float
-            gradients only (embedding gradients are densified); replaces `compression`; not
-            with `gradient_noise_scale` or `delay_gradients`.
+            one scalar rides in the gradients' grouped allreduce (with `Allreduce` only).
+        compression, sparse_as_dense: the same as `reduction=kerasdist.reductions.Allreduce(
+            compression, sparse_as_dense)`; `compression` is `kerasdist.Compression.none`
+            (default), `.fp16` or `.bf16`.
+        delay_gradients: `True` is `reduction=kerasdist.reductions.Delayed(compression)`.
+        one_bit_gradients: `True` is `reduction=kerasdist.reductions.OneBit()`.
         name: defaults to `"distributed_" + optimizer.name`.
 
     Example:
@@ -214,6 +114,7 @@ class DistributedOptimizer(WrappingOptimizer):
         average_aggregated_gradients=True,
         delay_gradients=False,
         one_bit_gradients=False,
+        reduction=None,
         **kwargs,
     ):
         runtime.init()  # here, not at the first apply(): that runs inside a traced function
@@ -237,28 +138,16 @@ class DistributedOptimizer(WrappingOptimizer):
         if isinstance(optimizer, keras.optimizers.LossScaleOptimizer) and type(self) is DistributedOptimizer:
             self.__class__ = _LossScalingDistributedOptimizer  # so that `compile` adds no second scaler
         self._op_name = _gradient_op_name(op)
-        self._compression_name = _compression_name(compression)
-        self.sparse_as_dense = bool(sparse_as_dense)
         self._initial_backward_passes = _check_backward_passes(backward_passes_per_step)
         # Planned and running ranks are fixed for the job's life: the traced step takes this as a constant.
         self._planned_ranks_per_rank = runtime.state().planned_size // runtime.state().size
         self.average_aggregated_gradients = bool(average_aggregated_gradients)
-        for argument, value in (("delay_gradients", delay_gradients), ("one_bit_gradients", one_bit_gradients)):
-            # bool(x) would read "no" as True, and delay_gradients=2 as a delay of one step
-            if not isinstance(value, bool):
-                delay = " (the delay is always one update)" if argument == "delay_gradients" else ""
-                raise TypeError(f"{argument}={value!r}: expected True or False{delay}")
-        self.delay_gradients = bool(delay_gradients)
-        self.one_bit_gradients = bool(one_bit_gradients)
-        if self.one_bit_gradients and (self.delay_gradients or self._compression_name != "none"):
-            raise ValueError(
-                "one_bit_gradients=True sends signs and scales: not with delay_gradients=True or a compression"
-            )
-        if self.scales_the_loss and (self.delay_gradients or self.one_bit_gradients):
-            option = "delay_gradients=True" if self.delay_gradients else "one_bit_gradients=True"
-            raise ValueError(_NOT_WITH_LOSS_SCALING.format(option))
-        self._delayed_gradients = None
-        self._one_bit_residuals = None
+        self.reduction, self._reduction_named = _chosen_reduction(
+            reduction, compression, sparse_as_dense, delay_gradients, one_bit_gradients
+        )
+        if self.scales_the_loss and self.reduction.keeps_gradients_across_updates:
+            raise ValueError(_NOT_WITH_LOSS_SCALING.format(self._reduction_named))
+        self._reduction_variables = []
         self._accumulators = None
         self._micro_batch_sq_norms = None
         self.gradient_noise_scale = None
@@ -273,10 +162,10 @@ class DistributedOptimizer(WrappingOptimizer):
             raise ValueError("the gradient noise scale needs op=kerasdist.Average")
         if not self.average_aggregated_gradients:
             raise ValueError("the gradient noise scale needs average_aggregated_gradients=True (mean gradients)")
-        if self.delay_gradients or self.one_bit_gradients:
+        if type(self.reduction) is not Allreduce:
             raise ValueError(
-                "the gradient noise scale needs each update's own exact gradients: not with "
-                "delay_gradients=True or one_bit_gradients=True"
+                "the gradient noise scale needs each update's own exact gradients, reduced by "
+                f"kerasdist.reductions.Allreduce: not with {self._reduction_named}"
             )
         if self.scales_the_loss:
             raise ValueError(_NOT_WITH_LOSS_SCALING.format("the gradient noise scale"))
@@ -326,7 +215,22 @@ class DistributedOptimizer(WrappingOptimizer):
 
     @property
     def compression(self):
-        return _COMPRESSIONS[self._compression_name]
+        """The reduction's wire format (`kerasdist.Compression.none` when it has none)."""
+        return getattr(self.reduction, "compression", ops.Compression.none)
+
+    @property
+    def sparse_as_dense(self):
+        return getattr(self.reduction, "sparse_as_dense", False)
+
+    @property
+    def delay_gradients(self):
+        """Whether the reduction is `kerasdist.reductions.Delayed`."""
+        return isinstance(self.reduction, Delayed)
+
+    @property
+    def one_bit_gradients(self):
+        """Whether the reduction is `kerasdist.reductions.OneBit`."""
+        return isinstance(self.reduction, OneBit)
 
     @_compat.no_automatic_dependency_tracking
     def build(self, var_list):
@@ -346,16 +250,9 @@ class DistributedOptimizer(WrappingOptimizer):
         # Named, not super(): in _LossScalingDistributedOptimizer, LossScaleOptimizer comes next,
         # whose build would make a second, unused loss scale.
         keras.optimizers.Optimizer.build(self, var_list)
-        if self.delay_gradients:
-            self._delayed_gradients = [
-                self.add_variable_from_reference(v, name="delayed_gradient") for v in self._trainable_variables
-            ]
-            self._delayed_gradients_held = self.add_variable(shape=(), dtype="int32", name="delayed_gradients_held")
-        if self.one_bit_gradients:
-            self._one_bit_residuals = [
-                self.add_variable(shape=v.shape, dtype="float32", name="one_bit_residual")
-                for v in self._trainable_variables
-            ]
+        before = len(self._variables)
+        self.reduction._build(self, self._trainable_variables)
+        self._reduction_variables = self._variables[before:]
         if self._initial_backward_passes * self._planned_ranks_per_rank > 1:
             self._create_accumulators()
 
@@ -374,21 +271,20 @@ class DistributedOptimizer(WrappingOptimizer):
         )
 
     def _variables_after_the_counters(self):
-        """The window's partial sums and the delayed gradients: created after the counters, so
+        """The window's partial sums and the reduction's state: created after the counters, so
         saved last (see load_own_variables)."""
-        delayed = [] if self._delayed_gradients is None else [*self._delayed_gradients, self._delayed_gradients_held]
-        return self._window_variables() + delayed + (self._one_bit_residuals or [])
+        return self._window_variables() + self._reduction_variables
 
     def per_rank_variables(self):
-        """The variables whose values differ between ranks: the window's partial sums, the held
-        (not yet reduced) gradients and the 1-bit residuals, each rank's own. Every other
-        variable holds the same value on every rank. `Rank0Checkpoint(resume=True)` saves
+        """The variables whose values differ between ranks: the window's partial sums and the
+        reduction's per-rank state (held gradients, 1-bit residuals), each rank's own. Every
+        other variable holds the same value on every rank. `Rank0Checkpoint(resume=True)` saves
         every rank's values of these, so that a resumed run continues exactly."""
-        return self._window_variables() + (self._delayed_gradients or []) + (self._one_bit_residuals or [])
+        return self._window_variables() + self.reduction.per_rank_variables()
 
     def reset_per_rank_state(self):
-        """Starts the per-rank state afresh: an empty accumulation window, no held gradients (the
-        next update applies nothing), zero residuals."""
+        """Starts the per-rank state afresh: an empty accumulation window and zeroed reduction
+        state (no held gradients, so the next update of `Delayed` applies nothing; zero residuals)."""
         for partial in self._variables_after_the_counters():
             partial.assign(tf.zeros_like(partial))
         self._micro_step.assign(0)
@@ -452,60 +348,33 @@ class DistributedOptimizer(WrappingOptimizer):
             self._accumulate(grads, trainable_variables)
 
     def _reduce_and_apply(self, grads, trainable_variables, micro_batches=1, micro_batch_sq_norm=None):
-        if self.delay_gradients:
-            self._apply_delayed(grads, trainable_variables)
-            return
+        present = [i for i, g in enumerate(grads) if g is not None]
+        grads = [grads[i] for i in present]
+        variables = [trainable_variables[i] for i in present]
+
+        def apply(reduced):
+            with tf.control_dependencies(self._same_weights_at_the_first_update(trainable_variables)):
+                self.inner_optimizer.apply(reduced, variables)
+
         noise = self.gradient_noise_scale
-        if self.one_bit_gradients:
-            reduced = self._reduce_to_one_bit(grads, trainable_variables)
-        elif noise is None:
-            reduced = reduce_gradients(grads, self.op, self.compression, self.sparse_as_dense)
-        else:
-            if micro_batch_sq_norm is None:
-                micro_batch_sq_norm = _squared_norm(grads)
-            reduced, (mean_micro_batch_sq_norm,) = _reduce(
-                grads, self.op, self.compression, self.sparse_as_dense, statistics=[micro_batch_sq_norm]
-            )
-            # The micro-batches this update holds on all ranks, whatever the planned ranks.
-            all_micro_batches = runtime.state().size * micro_batches
-            noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=all_micro_batches)
-        with tf.control_dependencies(self._same_weights_at_the_first_update(trainable_variables)):
-            self.inner_optimizer.apply(reduced, trainable_variables)
+        if noise is None:
+            self.reduction.reduce_and_apply(grads, variables, self.op, apply)
+            return
+        if micro_batch_sq_norm is None:
+            micro_batch_sq_norm = _squared_norm(grads)
+        reduced, (mean_micro_batch_sq_norm,) = self.reduction.reduce_with_statistics(
+            grads, self.op, [micro_batch_sq_norm]
+        )
+        # The micro-batches this update holds on all ranks, whatever the planned ranks.
+        all_micro_batches = runtime.state().size * micro_batches
+        noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=all_micro_batches)
+        apply(reduced)
 
     def _same_weights_at_the_first_update(self, variables):
         # BroadcastGlobalState sets this when the model was not built at fit's start: it can only
         # broadcast after the first step, so the check's broadcast is the expected one, not news.
         announce = not getattr(self, "_broadcast_follows_first_step", False)
         return _same_weights_at_the_first_update(self.iterations, variables, announce)
-
-    def _reduce_to_one_bit(self, grads, trainable_variables):
-        present = [i for i, g in enumerate(grads) if g is not None]
-        residuals = [self._one_bit_residuals[self._get_variable_index(trainable_variables[i])] for i in present]
-        reduced = one_bit.reduce([grads[i] for i in present], residuals, self.op)
-        out = list(grads)
-        for i, r in zip(present, reduced):
-            out[i] = r
-        return out
-
-    def _apply_delayed(self, grads, trainable_variables):
-        """Reduces and applies the gradients held since the last update, then holds `grads`.
-
-        The held values are read before this step's are stored (program order on the same
-        variables), and their allreduce waits for nothing the step computes.
-        """
-        present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
-        variables = [v for _, v in present]
-        held = [self._delayed_gradients[self._get_variable_index(v)] for v in variables]
-        reduced = reduce_gradients([tf.convert_to_tensor(h) for h in held], self.op, self.compression)
-
-        def apply_held():
-            with tf.control_dependencies(self._same_weights_at_the_first_update(variables)):
-                self.inner_optimizer.apply(reduced, variables)
-
-        tf.cond(self._delayed_gradients_held > 0, apply_held, lambda: None)
-        for (g, _), h in zip(present, held):
-            h.assign(tf.convert_to_tensor(g))
-        self._delayed_gradients_held.assign(1)
 
     def _accumulate(self, grads, trainable_variables):
         present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
@@ -558,26 +427,38 @@ class DistributedOptimizer(WrappingOptimizer):
         self.reset_per_rank_state()
 
     def get_config(self):
-        return {
+        config = {
             "name": self.name,
             "optimizer": keras.saving.serialize_keras_object(self.inner_optimizer),
             "op": self._op_name,
-            "compression": self._compression_name,
             "backward_passes_per_step": self.backward_passes_per_step,
-            "sparse_as_dense": self.sparse_as_dense,
             "average_aggregated_gradients": self.average_aggregated_gradients,
-            "delay_gradients": self.delay_gradients,
-            "one_bit_gradients": self.one_bit_gradients,
             "gradient_noise_scale": None
             if self.gradient_noise_scale is None
             else {"batch_size": self.gradient_noise_scale.batch_size, "ema_decay": self.gradient_noise_scale.ema_decay},
         }
+        if type(self.reduction) in (Allreduce, Delayed, OneBit):
+            # The built-in reductions as the arguments they had before `reduction=`, so that files
+            # saved now load into earlier releases of kerasdist too.
+            config.update(
+                compression=compression_name(self.compression),
+                sparse_as_dense=self.sparse_as_dense,
+                delay_gradients=self.delay_gradients,
+                one_bit_gradients=self.one_bit_gradients,
+            )
+        else:
+            config["reduction"] = keras.saving.serialize_keras_object(self.reduction)
+        return config
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         config = dict(config)
         inner = keras.saving.deserialize_keras_object(config.pop("optimizer"), custom_objects=custom_objects)
         noise = config.pop("gradient_noise_scale", None)
+        if config.get("reduction") is not None:
+            config["reduction"] = keras.saving.deserialize_keras_object(
+                config["reduction"], custom_objects=custom_objects
+            )
         return cls(inner, gradient_noise_scale=None if noise is None else GradientNoiseScale(**noise), **config)
 
 
@@ -669,6 +550,47 @@ def _checksum(variable):
     return tf.reduce_sum(tf.cast(value, tf.int64))
 
 
+def _chosen_reduction(reduction, compression, sparse_as_dense, delay_gradients, one_bit_gradients):
+    """The reduction `DistributedOptimizer`'s arguments ask for, and how to name it in an error."""
+    for argument, value in (("delay_gradients", delay_gradients), ("one_bit_gradients", one_bit_gradients)):
+        # bool(x) would read "no" as True, and delay_gradients=2 as a delay of one step
+        if not isinstance(value, bool):
+            delay = " (the delay is always one update)" if argument == "delay_gradients" else ""
+            raise TypeError(f"{argument}={value!r}: expected True or False{delay}")
+    compression = compression_name(compression)
+    if reduction is not None:
+        if not isinstance(reduction, GradientReduction):
+            raise TypeError(
+                f"reduction={reduction!r}; expected a kerasdist.reductions.GradientReduction, "
+                "e.g. kerasdist.reductions.Allreduce(compression=kerasdist.Compression.fp16)"
+            )
+        given = [
+            f"{argument}={value!r}"
+            for argument, value, default in (
+                ("compression", compression, "none"),
+                ("sparse_as_dense", sparse_as_dense, False),
+                ("delay_gradients", delay_gradients, False),
+                ("one_bit_gradients", one_bit_gradients, False),
+            )
+            if value != default
+        ]
+        if given:
+            raise ValueError(
+                f"reduction={reduction!r} decides how gradients travel: not also {', '.join(given)} "
+                "(give those to the reduction, e.g. kerasdist.reductions.Allreduce(compression=...))"
+            )
+        return reduction, f"reduction={reduction!r}"
+    if one_bit_gradients:
+        if delay_gradients or compression != "none":
+            raise ValueError(
+                "one_bit_gradients=True sends signs and scales: not with delay_gradients=True or a compression"
+            )
+        return OneBit(), "one_bit_gradients=True"
+    if delay_gradients:
+        return Delayed(compression), "delay_gradients=True"
+    return Allreduce(compression, sparse_as_dense), f"compression={compression!r}"
+
+
 def _check_backward_passes(value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"backward_passes_per_step={value!r} must be an integer >= 1")
@@ -703,7 +625,7 @@ class DistributedGradientTape:
         runtime.init()
         self._tape = tape
         self._op = _GRADIENT_OPS[_gradient_op_name(op)]
-        self._compression = _COMPRESSIONS[_compression_name(compression)]
+        self._compression = COMPRESSIONS[compression_name(compression)]
         self._sparse_as_dense = sparse_as_dense
 
     def __enter__(self):

@@ -18,7 +18,7 @@ LAYERS = [
     ("process state", ["kerasdist.runtime", "kerasdist.knobs", "kerasdist._compat", "kerasdist._registered_names"]),
     ("launcher", ["kerasdist.run"]),
     ("collectives", ["kerasdist.ops"]),
-    ("gradient reduction", ["kerasdist.optimizer", "kerasdist.one_bit"]),
+    ("gradient reduction", ["kerasdist.optimizer", "kerasdist.reductions"]),
     (
         "Keras layer",
         [

@@ -29,9 +29,10 @@ class Join(keras.callbacks.Callback):
     `dataset.apply(tf.data.experimental.assert_cardinality(n))` gives it one) and at least 1.
     While a rank is joined, only Sum and Average allreduces can run: a callback that makes another
     collective per batch (`AdaptiveBatchGrowth`'s decision broadcast) fails with
-    `FailedPreconditionError` naming the joined ranks, and `one_bit_gradients=True` (an
-    allgather) is refused when `fit` starts. With `backward_passes_per_step > 1`, the
-    accumulation window restarts from the broadcast state at each epoch.
+    `FailedPreconditionError` naming the joined ranks, and a reduction that gathers
+    (`one_bit_gradients=True`, `kerasdist.reductions.OneBit`) is refused when `fit` starts.
+    With `backward_passes_per_step > 1`, the accumulation window restarts from the broadcast
+    state at each epoch.
 
     Example:
 
@@ -61,11 +62,13 @@ class Join(keras.callbacks.Callback):
             params["steps"] = max(self._counts)
 
     def on_train_begin(self, logs=None):
-        if getattr(getattr(self.model, "optimizer", None), "one_bit_gradients", False):
+        reduction = getattr(getattr(self.model, "optimizer", None), "reduction", None)
+        if getattr(reduction, "gathers", False):
+            named = "one_bit_gradients=True" if self.model.optimizer.one_bit_gradients else f"reduction={reduction!r}"
             raise ValueError(
-                "kerasdist.callbacks.Join (uneven_steps=True) does not work with one_bit_gradients=True: a "
-                "joined rank takes part only in Sum and Average allreduces, and one-bit gradients travel "
-                "in an allgather. Give every rank the same steps per epoch, or drop one_bit_gradients."
+                f"kerasdist.callbacks.Join (uneven_steps=True) does not work with {named}: a joined rank "
+                "takes part only in Sum and Average allreduces, and that reduction moves gradients in "
+                "allgathers. Give every rank the same steps per epoch, or reduce with an allreduce."
             )
         unknown = [rank for rank, count in enumerate(self._counts) if not count]
         if unknown and runtime.state().size > 1:

@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 import kerasdist as kd
-from kerasdist import optimizer as optimizer_module
 from kerasdist import runtime
 from kerasdist.optimizers import LAMB, LARC, LARS
+from kerasdist.reductions import allreduce as allreduce_module
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()
@@ -449,16 +449,16 @@ def test_automatic_bucket_size_is_an_eighth_of_the_gradients_within_bounds(monke
     monkeypatch.setattr(runtime.state(), "one_cpu_host", False)  # as on several hosts, or with a GPU
     half = gradient_bytes // 2
     grads = [tf.zeros([half // 4]), tf.zeros([half // 8], tf.float64)]
-    assert optimizer_module._bucket_bytes("auto", grads) == expected
-    assert optimizer_module._bucket_bytes(12345, grads) == 12345  # a size the user set is kept
+    assert allreduce_module._bucket_bytes("auto", grads) == expected
+    assert allreduce_module._bucket_bytes(12345, grads) == 12345  # a size the user set is kept
 
 
 def test_automatic_buckets_are_one_when_every_rank_is_on_one_cpu_host():
     # This machine: every rank of the job on it, TensorFlow without GPUs.
     assert runtime.state().one_cpu_host
     grads = [tf.zeros([2**20])]  # 4 MiB: 8 buckets of 512 KiB elsewhere
-    assert optimizer_module._bucket_bytes("auto", grads) == 0
-    assert optimizer_module._bucket_bytes(12345, grads) == 12345  # a size the user set is kept
+    assert allreduce_module._bucket_bytes("auto", grads) == 0
+    assert allreduce_module._bucket_bytes(12345, grads) == 12345  # a size the user set is kept
 
 
 def ops_waited_for(op):

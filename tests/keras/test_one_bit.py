@@ -14,7 +14,7 @@ import tensorflow as tf
 from linear_task import BATCH, INITIAL_KERNEL, LR, MOMENTUM, STEPS_PER_EPOCH, assert_weights, compiled_model, fit, shard
 
 import kerasdist as kd
-from kerasdist import one_bit
+from kerasdist.reductions import one_bit
 
 kd.init()
 RANK, SIZE = kd.rank(), kd.size()

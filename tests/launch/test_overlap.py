@@ -22,8 +22,8 @@ MIN_SPREAD_SHARE = 0.25
 
 
 def _is_gradient_bucket(tensor_name):
-    # DistributedOptimizer's unnamed grouped allreduces, named after their line in optimizer.py.
-    return tensor_name.startswith("allreduce@") and "/optimizer.py:" in tensor_name
+    # The Allreduce reduction's unnamed grouped allreduces, named after their line in its file.
+    return tensor_name.startswith("allreduce@") and "/allreduce.py:" in tensor_name
 
 
 def bucket_queue_times(timeline_path):

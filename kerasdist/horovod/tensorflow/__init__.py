@@ -26,7 +26,7 @@ import kerasdist
 from kerasdist import knobs, ops, runtime
 from kerasdist.optimizer import DistributedGradientTape as _KerasdistGradientTape
 from kerasdist.optimizer import DistributedOptimizer as _KerasdistOptimizer
-from kerasdist.optimizer import reduce_gradients
+from kerasdist.reductions import reduce_gradients
 
 Average, Sum, Min, Max, Product = ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product
 

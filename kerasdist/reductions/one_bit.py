@@ -1,4 +1,4 @@
-"""1-bit gradients with error feedback (Seide et al. 2014), for `DistributedOptimizer`.
+"""1-bit gradients with error feedback (Seide et al. 2014): the `OneBit` reduction.
 
 Each rank adds to its gradient the error it kept at the last update, sends the sign of every
 value (one bit) and one scale per tensor, the mean absolute value, and keeps what that lost as
@@ -15,6 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from kerasdist import ops, runtime
+from kerasdist.reductions.base import GradientReduction
 
 # Eight 0/1 bytes read as one little-endian integer, times this, carry bit i of byte i into bit
 # 56 + i with no other term reaching bits 56-63: the top byte is the eight bits packed.
@@ -86,3 +87,41 @@ def reduce(grads, residuals, op=ops.Average):
     if op == ops.Sum:
         reduced = [r * size for r in reduced]
     return [tf.cast(r, tf.convert_to_tensor(g).dtype) for r, g in zip(reduced, grads)]
+
+
+class OneBit(GradientReduction):
+    """One sign bit per gradient value and a scale per tensor, with error feedback.
+
+    Each rank adds to its gradient what quantising lost at the last update, sends the signs and
+    the mean absolute value of each tensor (one uint8 allgather for all of them), and keeps what
+    that lost for the next update: over the updates nothing is dropped, only delayed. The
+    residuals are optimizer state, each rank's own. Against a float32 allreduce, 64 times fewer
+    bytes at 2 ranks. Dense float gradients (an embedding's is made dense).
+    `DistributedOptimizer(..., one_bit_gradients=True)` is this reduction.
+
+    Example:
+
+    ```python
+    import keras, numpy as np, tensorflow as tf, kerasdist
+    kerasdist.init()
+    optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(1.0), reduction=kerasdist.reductions.OneBit())
+    w = keras.Variable(np.zeros(4, np.float32))
+    optimizer.apply([tf.constant([3.0, -1.0, 1.0, -3.0])], [w])
+    print(w.numpy().tolist())  # [-2.0, 2.0, -2.0, 2.0]
+    print(optimizer.reduction.residuals[0].numpy().tolist())  # [1.0, 1.0, -1.0, -1.0]
+    ```
+    """
+
+    keeps_gradients_across_updates = True
+    gathers = True
+
+    def build(self, optimizer, variables):
+        self.residuals = [
+            optimizer.add_variable(shape=v.shape, dtype="float32", name="one_bit_residual") for v in variables
+        ]
+
+    def per_rank_variables(self):
+        return self.residuals
+
+    def reduce(self, gradients, variables, op):
+        return reduce(gradients, self.slots(self.residuals, variables), op)
