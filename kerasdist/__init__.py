@@ -64,7 +64,7 @@ _EXPORTS = {
     # the package of the callback classes, which a function cannot replace: importing a submodule
     # sets the parent's attribute to the module.
     "default_callbacks": "kerasdist.callbacks",
-    "GradientNoiseScale": "kerasdist.batch_growth.noise_scale",
+    "GradientNoiseScale": "kerasdist.gradient_statistics",
     "SyncBatchNormalization": "kerasdist.layers",
 }
 _SUBMODULES = (

@@ -11,10 +11,10 @@ import keras
 import tensorflow as tf
 
 from kerasdist import _compat, ops, runtime
-from kerasdist.batch_growth.noise_scale import GradientNoiseScale
-from kerasdist.optimizers.wrapping import WrappingOptimizer
+from kerasdist.gradient_statistics import GradientNoiseScale
 from kerasdist.reductions import Allreduce, Delayed, GradientReduction, OneBit, reduce_gradients
 from kerasdist.reductions.allreduce import COMPRESSIONS, compression_name
+from kerasdist.wrapping_optimizer import WrappingOptimizer
 
 _GRADIENT_OPS = {"average": ops.Average, "sum": ops.Sum}
 

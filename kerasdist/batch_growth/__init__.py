@@ -6,15 +6,16 @@
   (`kerasdist.learning_rate`).
 - `signals`: `GrowthSignal`, the interface the callback uses, and the two signals behind
   `signal="noise_scale"` and `signal="curvature"`.
-- `noise_scale`: `GradientNoiseScale` (also `kerasdist.GradientNoiseScale`), the statistics the
+- `GradientNoiseScale` (also `kerasdist.GradientNoiseScale`, defined in
+  `kerasdist.gradient_statistics` beside the optimizer that feeds it): the statistics the
   optimizer gathers from every update.
 - `curvature`: the top Hessian eigenvalue by power iteration (also `kerasdist.curvature`).
 """
 
 from kerasdist.batch_growth.callback import AdaptiveBatchGrowth
 from kerasdist.batch_growth.curvature import HessianEigenpair, HessianPowerIteration, top_hessian_eigenvalue
-from kerasdist.batch_growth.noise_scale import GradientNoiseScale
 from kerasdist.batch_growth.signals import CurvatureSignal, GrowthSignal, NoiseScaleSignal
+from kerasdist.gradient_statistics import GradientNoiseScale
 
 __all__ = [
     "AdaptiveBatchGrowth",

@@ -5,7 +5,7 @@ from keras import ops
 
 from kerasdist import _compat
 from kerasdist.optimizers import trust_ratio as tr
-from kerasdist.optimizers.wrapping import WrappingOptimizer
+from kerasdist.wrapping_optimizer import WrappingOptimizer
 
 _MODES = ("clip", "scale")
 
