@@ -47,11 +47,10 @@ rank per core is deployed on these machines.
 """
 
 import argparse
+import contextlib
 import json
 import os
-import statistics
 import sys
-import time
 
 KIB = 1024
 DEFAULT_SIZES_KIB = [4, 64, 1024, 4 * 1024, 16 * 1024, 64 * 1024]
@@ -110,6 +109,7 @@ import kerasdist as kd  # noqa: E402
 kd.init()
 import results as result_files  # noqa: E402  (benchmarks/results.py, beside this script)
 from mpi4py import MPI  # noqa: E402  (after kerasdist: it owns MPI initialisation)
+from timing import Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -120,53 +120,32 @@ def say(*parts):
         print(*parts, flush=True)
 
 
-def timed(fn, iters):
-    """Seconds for `iters` ops on the slowest rank: a collective is done when all are."""
-    COMM.Barrier()
-    start = time.perf_counter()
-    fn(iters)
-    return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
-
-
-def calibrate(fn):
-    """N so that N ops take about --target_ms (the same N on every rank)."""
-    fn(2)  # warm up: tracing, buffer allocation, connection setup
-    probe = 1
-    while True:
-        seconds = timed(fn, probe)
-        if seconds >= 0.02 or probe >= ARGS.max_iters:
-            break
-        probe *= 4
-    iters = int(ARGS.target_ms / 1e3 / max(seconds / probe, 1e-7))
-    return COMM.bcast(min(max(iters, ARGS.min_iters), ARGS.max_iters), root=0)
-
-
 # The engine thread's working phases, as kd.engine_times() names them; its idle time is not read
 # from the totals, since a stretch of idle is charged when the engine next wakes, maybe inside the
 # next case.
 BUSY_PHASES = [key for key in kd.engine_times() if key not in ("idle", "pickup", "cycles", "collectives")]
 
 
-def compare(cases):
-    """Times every case (name -> fn(iters)); the cases alternate within each repeat.
+HARNESS = Harness(COMM, ARGS.repeats, ARGS.target_ms, ARGS.min_iters, ARGS.max_iters)
 
-    Returns name -> dict(op_s=median seconds per op, iters=N, samples=per-repeat times, and for
-    kerasdist's cases phases_s: where the engine thread's time per op went, mean of the ranks)."""
-    iters = {name: calibrate(fn) for name, fn in cases.items()}
-    samples = {name: [] for name in cases}
+
+def compare(cases):
+    """The harness's timings of every case (name -> fn(iters)); kerasdist's cases also get
+    phases_s: where the engine thread's time per op went, mean of the ranks."""
     spent = {name: np.zeros(len(BUSY_PHASES) + 2) for name in cases}  # busy phases, pickup, cycles
-    for _ in range(ARGS.repeats):
-        for name, fn in cases.items():
-            before = kd.engine_times()
-            samples[name].append(timed(fn, iters[name]) / iters[name])
-            after = kd.engine_times()
-            spent[name] += [after[key] - before[key] for key in (*BUSY_PHASES, "pickup", "cycles")]
-    results = {}
-    for name in cases:
-        results[name] = dict(op_s=statistics.median(samples[name]), iters=iters[name], samples=samples[name])
+
+    @contextlib.contextmanager
+    def engine_clock(name):
+        before = kd.engine_times()
+        yield
+        after = kd.engine_times()
+        spent[name] += [after[key] - before[key] for key in (*BUSY_PHASES, "pickup", "cycles")]
+
+    results = HARNESS.compare(cases, around=engine_clock)
+    for name, result in results.items():
         if not name.startswith("raw"):
-            mean = COMM.allreduce(spent[name], op=MPI.SUM) / SIZE / (iters[name] * ARGS.repeats)
-            results[name]["phases_s"] = phase_breakdown(mean, results[name]["op_s"])
+            mean = COMM.allreduce(spent[name], op=MPI.SUM) / SIZE / (result["iters"] * ARGS.repeats)
+            result["phases_s"] = phase_breakdown(mean, result["op_s"])
     return results
 
 
@@ -192,11 +171,6 @@ def say_breakdown(rows):
     for label, raw_s, phases in rows:
         cells = "".join(f"{phases[c] * 1e6:12.1f}" for c in columns)
         say(f"  {label:<28}{cells}{raw_s * 1e6:10.1f}{phases['pickup'] * 1e6:9.1f}{phases['cycles']:8.2f}")
-
-
-def ratio_range(raw, ours):
-    ratios = [r / o for r, o in zip(raw["samples"], ours["samples"])]
-    return min(ratios), max(ratios)
 
 
 # ------------------------------------------------------------- sizes
@@ -242,12 +216,12 @@ def bench_sizes():
 
         result = compare({"raw": raw, "ours": ours})
         raw_r, ours_r = result["raw"], result["ours"]
-        low, high = ratio_range(raw_r, ours_r)
+        ratio, low, high = ratio_to_raw(result, "ours")
         row = dict(
             size_bytes=nbytes,
             raw_s=raw_r["op_s"],
             ours_s=ours_r["op_s"],
-            ratio=raw_r["op_s"] / ours_r["op_s"],
+            ratio=ratio,
             ratio_low=low,
             ratio_high=high,
             raw_gbps=nbytes / raw_r["op_s"] / 1e9,
@@ -363,13 +337,6 @@ def compare_runs(mine, path):
         for label, seconds in fused["step_seconds"].items():
             note = "  (the same work in both runs: drift between them)" if label.startswith("raw") else ""
             say(f"  {label:<44} {unfused['step_seconds'][label] / seconds:5.2f}{note}")
-
-
-def human(nbytes):
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale and nbytes % scale == 0:
-            return f"{nbytes // scale} {unit}"
-    return f"{nbytes / 2**20:.1f} MiB" if nbytes >= 1 << 20 else f"{nbytes} B"
 
 
 def main():

@@ -20,17 +20,16 @@ Sections (--only):
                raw16: the MPI calls alone of a 16-bit reduction of the same tensor (Alltoall,
                then Allgather, of half the bytes), what compression can save at most.
 
-Timing: each case runs N times back to back (N calibrated to about --target_ms); time per op is
-the slowest rank's time / N; cases alternate within each of --repeats repeats and the median is
-reported, with the range of the per-repeat ratios against raw.
+Timing (benchmarks/timing.py, shared with allreduce.py): each case runs N times back to back (N
+calibrated to about --target_ms); time per op is the slowest rank's time / N; cases alternate
+within each of --repeats repeats and the median is reported, with the range of the per-repeat
+ratios against raw.
 """
 
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 KIB = 1024
 
@@ -65,6 +64,7 @@ import kerasdist as kd  # noqa: E402
 
 kd.init()
 from mpi4py import MPI  # noqa: E402  (after kerasdist, which starts MPI)
+from timing import Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -76,43 +76,8 @@ def say(text):
         print(text, flush=True)
 
 
-def timed(fn, iters):
-    COMM.Barrier()
-    start = time.perf_counter()
-    fn(iters)
-    return COMM.allreduce(time.perf_counter() - start, op=MPI.MAX)
-
-
-def calibrate(fn):
-    fn(1)  # tracing, first allocations, connections
-    probe = 1
-    while True:
-        seconds = timed(fn, probe)
-        if seconds >= 0.02 or probe >= ARGS.max_iters:
-            break
-        probe *= 4
-    iters = int(ARGS.target_ms / 1e3 / max(seconds / probe, 1e-7))
-    return COMM.bcast(min(max(iters, ARGS.min_iters), ARGS.max_iters), root=0)
-
-
-def compare(cases):
-    """name -> seconds per op, medians over repeats, and the per-repeat samples."""
-    iters = {name: calibrate(fn) for name, fn in cases.items()}
-    samples = {name: [] for name in cases}
-    for _ in range(ARGS.repeats):
-        for name, fn in cases.items():
-            samples[name].append(timed(fn, iters[name]) / iters[name])
-    return {name: {"seconds": statistics.median(s), "samples": s} for name, s in samples.items()}
-
-
-def ratio_to_raw(results, name, raw="raw"):
-    """raw time / our time: the median's, and the range over repeats (>1: we are faster)."""
-    per_repeat = [r / o for r, o in zip(results[raw]["samples"], results[name]["samples"])]
-    return results[raw]["seconds"] / results[name]["seconds"], min(per_repeat), max(per_repeat)
-
-
-def human(nbytes):
-    return f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else f"{nbytes >> 10} KiB"
+HARNESS = Harness(COMM, ARGS.repeats, ARGS.target_ms, ARGS.min_iters, ARGS.max_iters)
+compare = HARNESS.compare
 
 
 @tf.function
@@ -168,8 +133,8 @@ def bench_sizes():
             row = {
                 "op": op_name,
                 "bytes": nbytes,
-                "raw_s": results["raw"]["seconds"],
-                "ours_s": results["ours"]["seconds"],
+                "raw_s": results["raw"]["op_s"],
+                "ours_s": results["ours"]["op_s"],
                 "ratio": ratio,
                 "ratio_low": low,
                 "ratio_high": high,
@@ -220,12 +185,12 @@ def bench_many():
         f"ms per step (median of {ARGS.repeats})"
     )
     for name, r in results.items():
-        say(f"  {name:<16} {r['seconds'] * 1e3:8.2f} ms")
+        say(f"  {name:<16} {r['op_s'] * 1e3:8.2f} ms")
     return {
         "threshold": threshold,
         "tensors": len(shapes),
         "bytes": total,
-        "seconds": {name: r["seconds"] for name, r in results.items()},
+        "seconds": {name: r["op_s"] for name, r in results.items()},
         "samples": {name: r["samples"] for name, r in results.items()},
     }
 
@@ -256,9 +221,9 @@ def bench_compression():
         for name, compression in compressions.items():
             cases[name] = lambda n, x=x, c=compression: chained_compressed(x, tf.constant(n), c)
         results = compare(cases)
-        row = {"bytes": elems * 4, **{name: r["seconds"] for name, r in results.items()}}
+        row = {"bytes": elems * 4, **{name: r["op_s"] for name, r in results.items()}}
         rows.append(row)
-        say(f"  {human(elems * 4):>8}: " + "  ".join(f"{name} {r['seconds'] * 1e3:.2f}" for name, r in results.items()))
+        say(f"  {human(elems * 4):>8}: " + "  ".join(f"{name} {r['op_s'] * 1e3:.2f}" for name, r in results.items()))
     return rows
 
 
