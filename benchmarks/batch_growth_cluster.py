@@ -186,6 +186,35 @@ def train_on_rank(args):
 # ---- the driver -------------------------------------------------------------------------------
 
 
+def say(*parts):
+    print(*parts, flush=True)
+
+
+def run_on_two_hosts(args, benchmark, headline, argv_for, record):
+    """The driver of the cluster benchmarks (this one and slow_links_cluster.py): two emulated
+    hosts joined by a link shaped to ``args.link_rate``, every configuration of ``args.configs``
+    and seed of ``args.seeds`` one job (see interleaved_jobs). Prints ``headline(started, gbits)``
+    first, then for every job what ``record(config, seed, written, job)`` returns, which keeps
+    the run. Returns (the result file's header, the start as text, the link's measured Gbit/s,
+    the wall seconds)."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    run_header = result_files.start_run(benchmark)
+    begin = time.perf_counter()
+    with two_hosts(args.job_timeout_s) as cluster:
+        cluster.shape(args.link_rate)
+        gbits = measure_link(cluster, args.link_rate)
+        say(headline(started, gbits))
+        for config, seed, written, job in interleaved_jobs(cluster, args.configs, args.seeds, argv_for):
+            say(record(config, seed, written, job))
+    return run_header, started, gbits, time.perf_counter() - begin
+
+
+def write_results(args, run_header, out, tables):
+    """Writes the result file (benchmarks/results.py) with ``tables`` laid out; returns its path."""
+    laid_out = {key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
+    return result_files.write(args.json, result_files.finish_run(run_header, **out, tables=laid_out))
+
+
 def interleaved_jobs(cluster, configs, seeds, argv_for):
     """Seed by seed, every configuration once, so that background load falls on all of them
     alike: runs ``argv_for(config, seed, out)`` on ``cluster`` and yields (config, seed, the JSON
@@ -289,34 +318,30 @@ def timing_table(rows):
 
 
 def main(args):
-    def say(*parts):
-        print(*parts, flush=True)
-
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    run_header = result_files.start_run("batch_growth_cluster")
-    begin = time.perf_counter()
     results = {config: {"label": LABELS[config], "runs": []} for config in args.configs}
-    with two_hosts(args.job_timeout_s) as cluster:
-        cluster.shape(args.link_rate)
-        gbits = measure_link(cluster, args.link_rate)
-        say(
+
+    def headline(started, gbits):
+        return (
             f"{started}: 2 emulated hosts x 1 rank, link {args.link_rate} (one TCP stream {gbits:.2f} Gbit/s); "
             f"global batch {2 * args.micro_batch} at the start, cap {args.max_batch}; {args.epochs} epochs of "
             f"{args.epoch_rows} rows; {args.seeds} seed(s); load {os.getloadavg()[0]:.1f}"
         )
-        jobs = interleaved_jobs(cluster, args.configs, args.seeds, lambda c, s, out: rank_argv(args, c, s, out))
-        for config, seed, run, job in jobs:
-            run.update(job, load_before=job["load_before"][0], load_after=job["load_after"][0])
-            results[config]["runs"].append(run)
-            last = run["epochs"][-1]
-            say(
-                f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, final "
-                f"batch {last['batch_size']}, training {last['seconds']:.1f} s (in fit "
-                f"{run['fit_seconds']:.0f} s, before it {run['setup_seconds']:.0f} s), "
-                f"job {run['job_seconds']:.0f} s "
-                f"(load {run['load_before']:.1f} -> {run['load_after']:.1f})" + (" DIVERGED" if run["diverged"] else "")
-            )
-    wall = time.perf_counter() - begin
+
+    def record(config, seed, run, job):
+        run.update(job, load_before=job["load_before"][0], load_after=job["load_after"][0])
+        results[config]["runs"].append(run)
+        last = run["epochs"][-1]
+        return (
+            f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, final "
+            f"batch {last['batch_size']}, training {last['seconds']:.1f} s (in fit "
+            f"{run['fit_seconds']:.0f} s, before it {run['setup_seconds']:.0f} s), "
+            f"job {run['job_seconds']:.0f} s "
+            f"(load {run['load_before']:.1f} -> {run['load_after']:.1f})" + (" DIVERGED" if run["diverged"] else "")
+        )
+
+    run_header, started, gbits, wall = run_on_two_hosts(
+        args, "batch_growth_cluster", headline, lambda c, s, out: rank_argv(args, c, s, out), record
+    )
 
     baseline_final = statistics.median(r["epochs"][-1]["test_acc"] for r in results["fixed_small"]["runs"])
     targets = {f"{round(f * 100)}%": f * baseline_final for f in batch_growth.TARGET_FRACTIONS}
@@ -349,8 +374,7 @@ def main(args):
         "results": results,
     }
     tables = {"results": results_table(results, targets, args.seeds), "timing": timing_table(timing)}
-    laid_out = {key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
-    path = result_files.write(args.json, result_files.finish_run(run_header, **out, tables=laid_out))
+    path = write_results(args, run_header, out, tables)
     say(f"\nwall time {wall:.0f} s; wrote {path}")
     return out
 

@@ -68,9 +68,8 @@ import time
 STARTED = time.perf_counter()  # before TensorFlow's import, which is much of a job's start-up
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import batch_growth  # noqa: E402  (the task, the model, fit_stream and the summaries)
-import batch_growth_cluster  # noqa: E402  (the recorder that keeps the evaluation off the clock)
-import results as result_files  # noqa: E402  (benchmarks/results.py)
-from emulated_hosts import REPO, measure_link, two_hosts  # noqa: E402
+import batch_growth_cluster  # noqa: E402  (the two-host driver; the recorder that keeps evaluation off the clock)
+from emulated_hosts import REPO  # noqa: E402
 
 CONFIGS = ("synchronous", "fp16", "delayed", "one_bit", "average_4", "average_16")
 LABELS = {
@@ -339,35 +338,30 @@ def save_plot(results, targets, args, gbits, path):
 
 
 def main(args):
-    def say(*parts):
-        print(*parts, flush=True)
-
-    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    run_header = result_files.start_run("slow_links_cluster")
-    begin = time.perf_counter()
     results = {config: {"label": LABELS[config], "runs": []} for config in args.configs}
-    with two_hosts(args.job_timeout_s) as cluster:
-        cluster.shape(args.link_rate)
-        gbits = measure_link(cluster, args.link_rate)
-        say(
+
+    def headline(started, gbits):
+        return (
             f"{started}: 2 emulated hosts x 1 rank, link {args.link_rate} (one TCP stream {gbits:.2f} Gbit/s); "
             f"global batch {2 * args.micro_batch}, rate {args.lr:g}; {args.epochs} epochs of {args.epoch_rows} rows; "
             f"{args.seeds} seed(s); load {' '.join(f'{v:.1f}' for v in os.getloadavg())}"
         )
-        jobs = batch_growth_cluster.interleaved_jobs(
-            cluster, args.configs, args.seeds, lambda c, s, out: rank_argv(args, [c], s, out)
+
+    def record(config, seed, written, job):
+        (run,) = written
+        run.update(job)
+        results[config]["runs"].append(run)
+        last = run["epochs"][-1]
+        return (
+            f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, "
+            f"training {last['seconds']:.1f} s, sent {last['sent_bytes'] / 1e6:.1f} MB, job "
+            f"{run['job_seconds']:.0f} s (load {run['load_before'][0]:.1f} -> {run['load_after'][0]:.1f})"
+            + (" DIVERGED" if run["diverged"] else "")
         )
-        for config, seed, (run,), job in jobs:
-            run.update(job)
-            results[config]["runs"].append(run)
-            last = run["epochs"][-1]
-            say(
-                f"  seed {seed} {config:12s}: test {last['test_acc']:.4f}, {last['steps']} updates, "
-                f"training {last['seconds']:.1f} s, sent {last['sent_bytes'] / 1e6:.1f} MB, job "
-                f"{run['job_seconds']:.0f} s (load {run['load_before'][0]:.1f} -> {run['load_after'][0]:.1f})"
-                + (" DIVERGED" if run["diverged"] else "")
-            )
-    wall = time.perf_counter() - begin
+
+    run_header, started, gbits, wall = batch_growth_cluster.run_on_two_hosts(
+        args, "slow_links_cluster", headline, lambda c, s, out: rank_argv(args, [c], s, out), record
+    )
     out = {
         "date": started,
         "config": {k: v for k, v in vars(args).items() if k not in ("rank_side", "config", "seed", "out", "report")},
@@ -376,11 +370,12 @@ def main(args):
         "load_at_end": os.getloadavg(),
         "results": results,
     }
-    plotted = report(out, args.png, say)
+    plotted = report(out, args.png, batch_growth_cluster.say)
     tables = {"results": results_table(results, out["targets"], args.seeds), "epochs": epochs_table(results)}
-    laid_out = {key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
-    path = result_files.write(args.json, result_files.finish_run(run_header, **out, tables=laid_out))
-    say(f"\nwall time {wall:.0f} s; wrote {path}" + (f" and {args.png}" if plotted else " (no matplotlib: no plot)"))
+    path = batch_growth_cluster.write_results(args, run_header, out, tables)
+    batch_growth_cluster.say(
+        f"\nwall time {wall:.0f} s; wrote {path}" + (f" and {args.png}" if plotted else " (no matplotlib: no plot)")
+    )
     return out
 
 
@@ -428,6 +423,6 @@ if __name__ == "__main__":
     if ARGS.rank_side:
         train_on_rank(ARGS)
     elif ARGS.report:
-        report(json.loads(pathlib.Path(ARGS.report).read_text()), ARGS.png, lambda *parts: print(*parts, flush=True))
+        report(json.loads(pathlib.Path(ARGS.report).read_text()), ARGS.png, batch_growth_cluster.say)
     else:
         main(ARGS)
