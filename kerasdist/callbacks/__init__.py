@@ -19,7 +19,7 @@ from kerasdist.batch_growth import AdaptiveBatchGrowth
 from kerasdist.callbacks.broadcast import BroadcastGlobalState
 from kerasdist.callbacks.checkpoint import Rank0Checkpoint
 from kerasdist.callbacks.join import Join
-from kerasdist.callbacks.learning_rate import LearningRateSchedule, LearningRateWarmup
+from kerasdist.callbacks.learning_rate import LearningRateMultiplier, LearningRateSchedule, LearningRateWarmup
 from kerasdist.callbacks.metric_average import MetricAverage, local_metrics
 from kerasdist.callbacks.model_averaging import ModelAveraging
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
@@ -30,6 +30,7 @@ __all__ = [
     "AdaptiveBatchGrowth",
     "BroadcastGlobalState",
     "Join",
+    "LearningRateMultiplier",
     "LearningRateSchedule",
     "LearningRateWarmup",
     "MetricAverage",

@@ -19,7 +19,7 @@ class Join(keras.callbacks.Callback):
 
     Every rank's `params["steps"]` becomes the longest rank's count before any callback's
     `on_train_begin`, so schedules that count steps per epoch (`LearningRateWarmup`,
-    `LearningRateSchedule`) set the same rate on every rank at each step, and the equal-steps
+    `LearningRateMultiplier`) set the same rate on every rank at each step, and the equal-steps
     check of `BroadcastGlobalState` passes.
 
     Place it after `BroadcastGlobalState` (`kerasdist.callbacks(uneven_steps=True)` does): a model

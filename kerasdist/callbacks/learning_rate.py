@@ -129,8 +129,12 @@ class LearningRateWarmup(_LearningRateCallback):
             self._set_lr(self.rate_at(self._epoch, batch))
 
 
-class LearningRateSchedule(_LearningRateCallback):
+class LearningRateMultiplier(_LearningRateCallback):
     """Sets the rate to `initial_lr` × batch scale × `multiplier(epoch)` within an epoch range.
+
+    Also importable under its earlier name, `LearningRateSchedule`, which it no longer goes by
+    because `keras.optimizers.schedules.LearningRateSchedule` is a different thing: a rate that is
+    a function of the step, given to the optimizer instead of a callback.
 
     The batch scale is as in `LearningRateWarmup` (planned ranks × `backward_passes_per_step`, by
     `scaling`), so a schedule written for one worker continues where the warmup ends. Outside
@@ -150,9 +154,9 @@ class LearningRateSchedule(_LearningRateCallback):
     import kerasdist
     callbacks = [
         kerasdist.callbacks.LearningRateWarmup(warmup_epochs=5),
-        kerasdist.callbacks.LearningRateSchedule(1.0, start_epoch=5, end_epoch=30),
-        kerasdist.callbacks.LearningRateSchedule(0.1, start_epoch=30, end_epoch=60),
-        kerasdist.callbacks.LearningRateSchedule(0.01, start_epoch=60),
+        kerasdist.callbacks.LearningRateMultiplier(1.0, start_epoch=5, end_epoch=30),
+        kerasdist.callbacks.LearningRateMultiplier(0.1, start_epoch=30, end_epoch=60),
+        kerasdist.callbacks.LearningRateMultiplier(0.01, start_epoch=60),
     ]
     ```
     """
@@ -189,3 +193,6 @@ class LearningRateSchedule(_LearningRateCallback):
     def on_train_batch_begin(self, batch, logs=None):
         if not self.staircase and self._applies(self._epoch):
             self._set_lr(self.scaled_lr() * self.multiplier(self._epoch + batch / self.steps_per_epoch))
+
+
+LearningRateSchedule = LearningRateMultiplier  # the earlier name, kept for scripts that use it

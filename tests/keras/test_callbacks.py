@@ -13,7 +13,7 @@ import pytest
 import kerasdist as kd
 from kerasdist.callbacks import (
     BroadcastGlobalState,
-    LearningRateSchedule,
+    LearningRateMultiplier,
     LearningRateWarmup,
     MetricAverage,
     Rank0ProgbarLogger,
@@ -310,7 +310,7 @@ def test_schedule_without_staircase_follows_the_fractional_epoch_every_batch(pas
         epochs=epochs,
         shuffle=False,
         verbose=0,
-        callbacks=[LearningRateSchedule(lambda epoch: 1.0 / (1.0 + epoch), staircase=False), probe],
+        callbacks=[LearningRateMultiplier(lambda epoch: 1.0 / (1.0 + epoch), staircase=False), probe],
     )
     expected = [base_lr * SIZE * passes / (1.0 + e + b / steps) for e in range(epochs) for b in range(steps)]
     np.testing.assert_allclose(probe.rates, expected, rtol=1e-6)
@@ -323,8 +323,8 @@ def test_schedule_multiplies_the_scaled_rate_within_its_epochs():
     x, y = shard_of_unequal_size(RANK, seed=13)
     probe = LearningRateProbe()
     callbacks = [
-        LearningRateSchedule(0.5, start_epoch=1, end_epoch=3),
-        LearningRateSchedule(lambda epoch: 0.1 * epoch, start_epoch=3),
+        LearningRateMultiplier(0.5, start_epoch=1, end_epoch=3),
+        LearningRateMultiplier(lambda epoch: 0.1 * epoch, start_epoch=3),
         probe,
     ]
     model.fit(x[:4], y[:4], batch_size=2, epochs=5, shuffle=False, verbose=0, callbacks=callbacks)
@@ -450,3 +450,7 @@ def test_tensorboard_and_csv_logs_are_written_by_the_root_rank_only(tmp_path):
         assert (per_rank / "log.csv").read_text().count("\n") == 3  # header + 2 epochs
     else:
         assert not per_rank.exists()
+
+
+def test_the_multiplier_callback_keeps_its_earlier_name():
+    assert kd.callbacks.LearningRateSchedule is kd.callbacks.LearningRateMultiplier
