@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from linear_task import BATCH, INITIAL_KERNEL, LR, MOMENTUM, STEPS_PER_EPOCH, assert_weights, compiled_model, fit, shard
+from linear_task import BATCH, assert_weights, compiled_model, fit, shard, simulated_error_feedback_weights
 
 import kerasdist as kd
 from kerasdist.reductions import one_bit
@@ -52,25 +52,10 @@ def test_residual_plus_sent_is_the_corrected_gradient():
 
 
 def simulated_weights(epochs):
-    w, b = INITIAL_KERNEL.astype("float32"), np.zeros(1, "float32")
-    vw, vb = np.zeros_like(w), np.zeros_like(b)
-    residuals = [[np.zeros_like(w), np.zeros_like(b)] for _ in range(SIZE)]
-    shards = [shard(r) for r in range(SIZE)]
-    for _ in range(epochs):
-        for step in range(STEPS_PER_EPOCH):
-            sent = []
-            for r, (x, y) in enumerate(shards):
-                xb, yb = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
-                error = xb @ w + b - yb
-                gradient = [2 / BATCH * xb.T @ error, 2 / BATCH * error.sum(0)]
-                corrected = [g + e for g, e in zip(gradient, residuals[r])]
-                quantized = [np.where(c >= 0, 1.0, -1.0) * np.mean(np.abs(c)) for c in corrected]
-                residuals[r] = [c - q for c, q in zip(corrected, quantized)]
-                sent.append(quantized)
-            gw, gb = np.mean([s[0] for s in sent], axis=0), np.mean([s[1] for s in sent], axis=0)
-            vw, vb = MOMENTUM * vw - LR * gw, MOMENTUM * vb - LR * gb
-            w, b = w + vw, b + vb
-    return w, b
+    def one_bit(corrected):
+        return np.where(corrected >= 0, 1.0, -1.0) * np.mean(np.abs(corrected))
+
+    return simulated_error_feedback_weights(epochs, SIZE, one_bit)
 
 
 def test_training_matches_every_rank_quantising_with_error_feedback():

@@ -11,7 +11,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from linear_task import BATCH, INITIAL_KERNEL, LR, MOMENTUM, STEPS_PER_EPOCH, assert_weights, compiled_model, fit, shard
+from linear_task import BATCH, assert_weights, compiled_model, fit, shard, simulated_error_feedback_weights
 
 import kerasdist as kd
 from kerasdist.reductions import Allreduce, Delayed, GradientReduction, OneBit
@@ -57,27 +57,13 @@ class TopK(GradientReduction):
 
 
 def simulated_top_k_weights(epochs, k=1):
-    w, b = INITIAL_KERNEL.astype("float32"), np.zeros(1, "float32")
-    vw, vb = np.zeros_like(w), np.zeros_like(b)
-    residuals = [[np.zeros_like(w), np.zeros_like(b)] for _ in range(SIZE)]
-    shards = [shard(r) for r in range(SIZE)]
-    for _ in range(epochs):
-        for step in range(STEPS_PER_EPOCH):
-            total = [np.zeros_like(w), np.zeros_like(b)]
-            for r, (x, y) in enumerate(shards):
-                xb, yb = x[step * BATCH : (step + 1) * BATCH], y[step * BATCH : (step + 1) * BATCH]
-                error = xb @ w + b - yb
-                gradient = [2 / BATCH * xb.T @ error, 2 / BATCH * error.sum(0)]
-                for i, g in enumerate(gradient):
-                    corrected = (g + residuals[r][i]).ravel()
-                    largest = np.argsort(-np.abs(corrected), kind="stable")[:k]
-                    sent = np.zeros_like(corrected)
-                    sent[largest] = corrected[largest]
-                    residuals[r][i] = (corrected - sent).reshape(g.shape)
-                    total[i] += sent.reshape(g.shape)
-            vw, vb = MOMENTUM * vw - LR * total[0] / SIZE, MOMENTUM * vb - LR * total[1] / SIZE
-            w, b = w + vw, b + vb
-    return w, b
+    def top_k(corrected):
+        largest = np.argsort(-np.abs(corrected.ravel()), kind="stable")[:k]
+        sent = np.zeros(corrected.size, corrected.dtype)
+        sent[largest] = corrected.ravel()[largest]
+        return sent.reshape(corrected.shape)
+
+    return simulated_error_feedback_weights(epochs, SIZE, top_k)
 
 
 def test_a_method_of_ones_own_trains_as_every_rank_keeping_back_all_but_its_top_k():
