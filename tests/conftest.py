@@ -15,6 +15,7 @@ Rank and size come from the launcher's environment, not from kerasdist, so a
 broken library cannot break collection of the launch tests.
 """
 
+import collections
 import io
 import os
 import sys
@@ -121,9 +122,13 @@ def pytest_configure(config):
 # something outside the process stay on one worker, in order: the emulated hosts (network
 # namespaces, one Slurm), and the engine's C++ test binaries built in one place.
 SHARED_OUTSIDE_THE_PROCESS = {"multihost": "emulated-hosts", "slurm": "emulated-hosts", "engine": "engine-binaries"}
-# The two longest groups start first, one on each worker (make test keeps this order with
-# --no-loadscope-reorder; xdist would otherwise sort groups by their number of tests).
+# The order xdist hands out groups (make test passes --no-loadscope-reorder so that it keeps this
+# one; by itself it orders groups by their number of tests, which would start the four pip-install
+# tests last). The two longest groups start first, one on each worker; then the files whose tests
+# start jobs of their own (a few tests of a minute each: ending on them leaves one worker idle);
+# then the rest, most tests first.
 LONGEST_GROUPS = ("emulated-hosts", "install/test_pip_install.py")
+JOB_STARTING_DIRECTORIES = ("launch", "optimizers")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -145,9 +150,16 @@ def _group_for_workers(config, items):
         group = SHARED_OUTSIDE_THE_PROCESS.get(inside.parts[0], inside.as_posix())
         item.add_marker(pytest.mark.xdist_group(group))
 
+    def group_of(item):
+        return item.get_closest_marker("xdist_group").args[0]
+
+    tests_in = collections.Counter(group_of(item) for item in items)
+
     def rank(item):
-        group = item.get_closest_marker("xdist_group").args[0]
-        return LONGEST_GROUPS.index(group) if group in LONGEST_GROUPS else len(LONGEST_GROUPS)
+        group = group_of(item)
+        if group in LONGEST_GROUPS:
+            return (0, LONGEST_GROUPS.index(group))
+        return (1 if group.split("/")[0] in JOB_STARTING_DIRECTORIES else 2, -tests_in[group])
 
     items.sort(key=rank)
 
