@@ -60,8 +60,9 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # (written for any size) at 1 and 2. tests/docs builds the documentation site (make docs) and opens
 # it in Chromium. The Open MPI build's suites come last, from a make of their own, which sees Open
 # MPI if it was just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not
-# here: make soak, and make test-install: beside the rest, the installs took the one-process suite
-# from 18 to 30-31 minutes (two fresh-clone runs), and CI past the 45-minute budget.
+# here: make soak, and make test-install: beside the rest, the installs cost the one-process suite
+# about 6-9 minutes on a slow day (30-31 minutes with them), which CI's 45-minute budget could not
+# be shown to hold.
 test: lint build
 	scripts/cluster_packages.sh install
 	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadgroup --no-loadscope-reorder tests --ignore=tests/openmpi \
