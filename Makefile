@@ -52,21 +52,19 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 	touch $@
 
 # First the Debian packages of the real-cluster tests (as root; elsewhere those tests skip, naming
-# why). Size 1 runs everything but tests/openmpi and the pip installs (tests/launch, tests/multihost
-# and tests/slurm start their own jobs), on two pytest-xdist workers (tests/conftest.py keeps
-# together what shares hosts or files, and starts the longest first); the collectives and
-# Keras-layer suites then run inside 2 and 3 ranks (the collectives once more at 3 with fusion and
-# splitting off: every tensor then takes the engine's unfused path), and the docstring examples
-# (written for any size) at 1 and 2. tests/docs builds the documentation site (make docs) and opens
-# it in Chromium. The Open MPI build's suites come last, from a make of their own, which sees Open
-# MPI if it was just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not
-# here: make soak, and make test-install: beside the rest, the installs cost the one-process suite
-# about 6-9 minutes on a slow day (30-31 minutes with them), which CI's 45-minute budget could not
-# be shown to hold.
+# why). Size 1 runs everything but tests/openmpi (tests/launch, tests/multihost and tests/slurm
+# start their own jobs, tests/install pip-installs kerasdist into fresh venvs), on two
+# pytest-xdist workers (tests/conftest.py keeps together what shares hosts or files, and starts the
+# emulated hosts and the installs first, one on each worker); the collectives and Keras-layer
+# suites then run inside 2 and 3 ranks (the collectives once more at 3 with fusion and splitting off: every tensor then takes the engine's
+# unfused path), and the docstring examples (written for any size) at 1 and 2. tests/docs builds
+# the documentation site (make docs) and opens it in Chromium. The Open MPI build's suites come
+# last, from a make of their own, which sees Open MPI if it was just installed. Each mpiexec is
+# bounded so a hang fails instead of waiting. Not here: make soak (see there). The installs cost the
+# one-process suite 6-7 minutes (24:06 without, 30:01 and 30:51 with, one slow day's runs).
 test: lint build
 	scripts/cluster_packages.sh install
-	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadgroup --no-loadscope-reorder tests --ignore=tests/openmpi \
-		--ignore=tests/install/test_pip_install.py
+	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadgroup --no-loadscope-reorder tests --ignore=tests/openmpi
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
@@ -157,7 +155,8 @@ $(OPENMPI_VENV)/.built: $(OPENMPI_VENV)/.installed $(OP_LIBRARY_SOURCES) $(PACKA
 # resolved) into fresh venvs that already have TensorFlow. requirements.txt's release gets it from a
 # checkout and trains the digits example at 2 ranks; the minor release before gets it from an sdist
 # and runs the collectives at 2 ranks, then has its TensorFlow upgraded under kerasdist (the mismatch
-# must be named, and the rebuild it names must work). The venvs are removed afterwards.
+# must be named, and the rebuild it names must work). The venvs are removed afterwards. make test
+# runs it too, beside the rest; this target runs it alone.
 test-install: venv
 	timeout 2400 $(PY) -m pytest -q -p no:cacheprovider --durations=0 tests/install/test_pip_install.py
 

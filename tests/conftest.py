@@ -123,10 +123,10 @@ def pytest_configure(config):
 # namespaces, one Slurm), and the engine's C++ test binaries built in one place.
 SHARED_OUTSIDE_THE_PROCESS = {"multihost": "emulated-hosts", "slurm": "emulated-hosts", "engine": "engine-binaries"}
 # The order xdist hands out groups (make test passes --no-loadscope-reorder so that it keeps this
-# one; by itself it orders groups by their number of tests, whatever they cost). The longest
-# groups start first, one per worker: the emulated hosts and, where they run, the pip installs; then
-# the files whose tests start jobs of their own (a few tests of a minute each: ending on them leaves
-# one worker idle); then the rest, most tests first.
+# one; by itself it orders groups by their number of tests, which would start the four pip-install
+# tests last). The two longest groups start first, one on each worker; then the files whose tests
+# start jobs of their own (a few tests of a minute each: ending on them leaves one worker idle);
+# then the rest, most tests first.
 LONGEST_GROUPS = ("emulated-hosts", "install/test_pip_install.py")
 JOB_STARTING_DIRECTORIES = ("launch", "optimizers")
 

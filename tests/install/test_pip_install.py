@@ -8,8 +8,9 @@ resolved) into a fresh venv that already has TensorFlow, then used from that ven
 * That venv's TensorFlow is then upgraded under kerasdist: `kerasdist.init()` and
   `kerasdist-run --check-build` name both releases, and the rebuild command they name makes it work.
 
-Minutes of work (two TensorFlow installs, three compiles of the op library): `make test-install` runs
-it; `make test` leaves it out (beside the rest it cost 12 minutes of the 45-minute budget).
+Minutes of work (two TensorFlow installs, three compiles of the op library): under `make test` it runs
+on one pytest-xdist worker, started first, beside the emulated hosts on the other; `make test-install`
+runs it alone.
 """
 
 import json
