@@ -3,7 +3,7 @@
 import tensorflow as tf
 
 from kerasdist import ops
-from kerasdist.reductions.allreduce import Allreduce
+from kerasdist.reductions.allreduce import Allreduce, compression_name
 from kerasdist.reductions.base import GradientReduction
 
 
@@ -68,4 +68,4 @@ class Delayed(GradientReduction):
         tf.cond(held_before, lambda: apply(reduced), lambda: None)
 
     def get_config(self):
-        return {"compression": self._allreduce.get_config()["compression"]}
+        return {"compression": compression_name(self.compression)}
