@@ -54,17 +54,16 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # First the Debian packages of the real-cluster tests (as root; elsewhere those tests skip, naming
 # why). Size 1 runs everything but tests/openmpi (tests/launch, tests/multihost and tests/slurm
 # start their own jobs, tests/install pip-installs kerasdist into fresh venvs), on two
-# pytest-xdist workers (tests/conftest.py keeps together what shares hosts or files, and starts the
-# emulated hosts and the installs first, one on each worker); the collectives and Keras-layer
-# suites then run inside 2 and 3 ranks (the collectives once more at 3 with fusion and splitting off: every tensor then takes the engine's
-# unfused path), and the docstring examples (written for any size) at 1 and 2. tests/docs builds
-# the documentation site (make docs) and opens it in Chromium. The Open MPI build's suites come
-# last, from a make of their own, which sees Open MPI if it was just installed. Each mpiexec is
-# bounded so a hang fails instead of waiting. Not here: make soak (see there). The installs cost the
-# one-process suite 6-7 minutes (24:06 without, 30:01 and 30:51 with, one slow day's runs).
+# pytest-xdist workers (each file's tests on one worker, longest files first: tests/conftest.py);
+# the collectives and Keras-layer suites then run inside 2 and 3 ranks (the collectives once more
+# at 3 with fusion and splitting off: every tensor then takes the engine's unfused path), and the
+# docstring examples (written for any size) at 1 and 2. tests/docs builds the documentation site
+# (make docs) and opens it in Chromium. The Open MPI build's suites come last, from a make of
+# their own, which sees Open MPI if it was just installed. Each mpiexec is bounded so a hang fails
+# instead of waiting. Not here: make soak (see there).
 test: lint build
 	scripts/cluster_packages.sh install
-	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadgroup --no-loadscope-reorder tests --ignore=tests/openmpi
+	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder tests --ignore=tests/openmpi
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives

@@ -118,17 +118,17 @@ def pytest_configure(config):
     reporter.hasmarkup = reporter._tw.hasmarkup
 
 
-# Under pytest-xdist (`make test` runs the one-process suite on two workers), tests that share
-# something outside the process stay on one worker, in order: the emulated hosts (network
-# namespaces, one Slurm), and the engine's C++ test binaries built in one place.
-SHARED_OUTSIDE_THE_PROCESS = {"multihost": "emulated-hosts", "slurm": "emulated-hosts", "engine": "engine-binaries"}
-# The order xdist hands out groups (make test passes --no-loadscope-reorder so that it keeps this
-# one; by itself it orders groups by their number of tests, which would start the four pip-install
-# tests last). The two longest groups start first, one on each worker; then the files whose tests
-# start jobs of their own (a few tests of a minute each: ending on them leaves one worker idle);
-# then the rest, most tests first.
-LONGEST_GROUPS = ("emulated-hosts", "install/test_pip_install.py")
-JOB_STARTING_DIRECTORIES = ("launch", "optimizers")
+# Under pytest-xdist, `make test` runs the one-process suite on two workers with `--dist loadfile`:
+# a file's tests stay on one worker, so its module fixtures (the pip-install tests' venvs, a
+# compiled test program) are made once. Not `loadgroup`: with pytest 9.2 it silently ignores its
+# groups (pytest-xdist issue #1386), which is how the install venvs came to be built twice each.
+# Files on both workers may start emulated hosts and Slurms at once: each cluster picks its own
+# names, addresses and ports. The order xdist hands out files (`--no-loadscope-reorder` keeps it;
+# by itself it orders by number of tests): the longest files first, so that no worker ends on
+# one while the other idles, then the other files whose tests start jobs of their own (a few
+# tests of a minute each), then the rest, most tests first.
+LONGEST_FILES = ("install/test_pip_install.py", "multihost/test_multihost_training.py")
+JOB_STARTING_DIRECTORIES = ("install", "launch", "multihost", "optimizers", "slurm")
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -136,30 +136,26 @@ def pytest_collection_modifyitems(session, config, items):
         if item.get_closest_marker("timeout") is None:
             limit = COLLECTIVE_TEST_TIMEOUT_S if "collectives" in item.path.parts else DEFAULT_TEST_TIMEOUT_S
             item.add_marker(pytest.mark.timeout(limit, method="thread"))
-    if getattr(config.option, "numprocesses", None):
-        _group_for_workers(config, items)
+    if hasattr(config, "workerinput"):  # an xdist worker: its collection is what xdist schedules
+        _order_for_workers(config, items)
     if SIZE > 1:
         _check_same_tests_on_every_rank(items)
 
 
-def _group_for_workers(config, items):
-    """One xdist group per test file (its module fixtures are set up once), or per shared resource."""
+def _order_for_workers(config, items):
+    """Sorts whole files (a stable sort keeps each file's own order) as the comment above says."""
     tests = config.rootpath / "tests"
-    for item in items:
-        inside = item.path.relative_to(tests) if item.path.is_relative_to(tests) else item.path
-        group = SHARED_OUTSIDE_THE_PROCESS.get(inside.parts[0], inside.as_posix())
-        item.add_marker(pytest.mark.xdist_group(group))
 
-    def group_of(item):
-        return item.get_closest_marker("xdist_group").args[0]
+    def file_of(item):
+        return item.path.relative_to(tests).as_posix() if item.path.is_relative_to(tests) else str(item.path)
 
-    tests_in = collections.Counter(group_of(item) for item in items)
+    tests_in = collections.Counter(file_of(item) for item in items)
 
     def rank(item):
-        group = group_of(item)
-        if group in LONGEST_GROUPS:
-            return (0, LONGEST_GROUPS.index(group))
-        return (1 if group.split("/")[0] in JOB_STARTING_DIRECTORIES else 2, -tests_in[group])
+        file = file_of(item)
+        if file in LONGEST_FILES:
+            return (0, LONGEST_FILES.index(file))
+        return (1 if file.split("/")[0] in JOB_STARTING_DIRECTORIES else 2, -tests_in[file], file)
 
     items.sort(key=rank)
 
