@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "mpi_control_plane.h"
 
 namespace kd = kerasdist;
 
@@ -36,6 +37,8 @@ void Check(bool ok, const std::string& what) {
 char g_stream;  // what the stand-in executor passes as its "stream"
 std::atomic<int> g_created{0};
 std::vector<std::string> g_ran_on_device;  // engine thread only, read after each wait
+
+MPI_Comm g_device_comm;  // the stand-in executor's own, as NCCL's communicator would be
 
 class HostStandInExecutor : public kd::DeviceExecutor {
  public:
@@ -62,12 +65,15 @@ kd::DeviceHooks StandInHooks() {
     if (request.name == "refused_on_rank_0" && g_rank == 0) return kd::Status::InvalidArgument("refused by the hooks");
     return kd::Status::OK();
   };
-  hooks.create = [](MPI_Comm comm, kd::Watchdog*, kd::Timeline*, const kd::EngineOptions&,
+  hooks.create = [](kd::ControlPlane* control_plane, kd::Watchdog*, kd::Timeline*, const kd::EngineOptions&,
                     std::unique_ptr<kd::DeviceExecutor>* executor) {
     ++g_created;
-    // Collective here: a rank that had not come in this cycle would hang this barrier.
-    MPI_Barrier(comm);
-    *executor = std::make_unique<HostStandInExecutor>(comm);
+    // Collective here, as NCCL's setup is: a rank that had not come in this cycle would hang it.
+    bool every_rank = false;
+    kd::Status agreed = kd::AllRanksAgree(control_plane, true, &every_rank);
+    if (!agreed.ok()) return agreed;
+    if (!every_rank) return kd::Status::Internal("AllRanksAgree: not every rank agreed");
+    *executor = std::make_unique<HostStandInExecutor>(g_device_comm);
     return kd::Status::OK();
   };
   return hooks;
@@ -170,6 +176,7 @@ int main(int argc, char** argv) {
   MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  MPI_Comm_dup(MPI_COMM_WORLD, &g_device_comm);
   std::printf("LAUNCH_PID rank=%d pid=%d\n", g_rank, static_cast<int>(getpid()));
   std::fflush(stdout);
   kd::Engine::Get().SetDeviceHooks(StandInHooks());
@@ -180,7 +187,7 @@ int main(int argc, char** argv) {
   options.collective_timeout_s = 60;
   options.cache_capacity = 64;
   options.log_level = 2;
-  const kd::Status started = kd::Engine::Get().Start(options);
+  const kd::Status started = kd::Engine::Get().Start(options, kd::MakeMpiTransport);
   Check(started.ok(), "Start: " + started.message);
   if (started.ok()) {
     CheckDeviceCollectivesReachTheExecutor();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "mpi_control_plane.h"
 
 namespace {
 
@@ -189,7 +190,7 @@ int kerasdist_start(int count, const char* const* names, const char* const* valu
   kerasdist::Engine& engine = kerasdist::Engine::Get();
   // The op library registers TensorFlow-backed buffers when it loads; without it, heap ones.
   if (!engine.has_fusion_buffer_factory()) engine.SetFusionBufferFactory(HeapFusionBuffer::New);
-  kerasdist::Status status = engine.Start(options);
+  kerasdist::Status status = engine.Start(options, kerasdist::MakeMpiTransport);
   return status.ok() ? 0 : Fail(status.message, error, error_size);
 }
 

@@ -1,9 +1,7 @@
 // Runs the negotiated collectives whose tensors are in device (GPU) memory. The engine itself
 // knows no device API: a build with one (KERASDIST_WITH_NCCL=1) registers DeviceHooks when the
-// op library loads. Negotiation stays the engine's, over MPI, for every device.
+// op library loads. Negotiation stays the engine's, over its control plane, for every device.
 #pragma once
-
-#include <mpi.h>
 
 #include <functional>
 #include <memory>
@@ -11,6 +9,7 @@
 
 #include "collective.h"
 #include "common.h"
+#include "control_plane.h"
 #include "timeline.h"
 #include "watchdog.h"
 
@@ -28,10 +27,10 @@ struct DeviceHooks {
   // Refuses, on the calling rank, a device request this executor cannot run.
   std::function<Status(const Request& request, const DeviceTensors& device)> check;
   // Called by the engine thread when the first device collective has been negotiated: the same
-  // cycle on every rank, so creating a communicator here is collective. `comm` and `watchdog`
-  // outlive the executor.
-  std::function<Status(MPI_Comm comm, Watchdog* watchdog, Timeline* timeline, const EngineOptions& options,
-                       std::unique_ptr<DeviceExecutor>* executor)>
+  // cycle on every rank, so creating a communicator here (its id sent over `control_plane`) is
+  // collective. `control_plane` and `watchdog` outlive the executor.
+  std::function<Status(ControlPlane* control_plane, Watchdog* watchdog, Timeline* timeline,
+                       const EngineOptions& options, std::unique_ptr<DeviceExecutor>* executor)>
       create;
 };
 

@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "kernels.h"
-#include "mpi_backend.h"
 #include "wire.h"
 
 namespace kerasdist {
@@ -40,40 +39,31 @@ bool Engine::stalled() const {
   return timed_out_ || stop_reason_.code == StatusCode::kDeadlineExceeded;
 }
 
-Status Engine::Start(const EngineOptions& options) {
+Status Engine::Start(const EngineOptions& options, const TransportFactory& make_transport) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!stopped_) return Status::OK();
   if (started_once_) {
     return Status::FailedPrecondition(
         "kerasdist: the engine was shut down and cannot be restarted in this process");
   }
-  int initialized = 0;
-  MPI_Initialized(&initialized);
-  if (!initialized) return Status::FailedPrecondition("kerasdist: MPI is not initialized");
-  int provided = 0;
-  MPI_Query_thread(&provided);
-  if (provided < MPI_THREAD_MULTIPLE) {
-    return Status::FailedPrecondition(
-        "kerasdist: MPI was initialized without MPI_THREAD_MULTIPLE; let kerasdist.init() "
-        "initialize MPI (or set mpi4py.rc.thread_level = 'multiple')");
-  }
   if (options.fusion_threshold_bytes > 0 && !fusion_buffer_factory_) {
     return Status::Internal("kerasdist: no fusion buffer factory; the op library registers one when it loads");
   }
+  Transport transport;
+  Status made = make_transport(options, &transport);
+  if (!made.ok()) return made;
   options_ = options;
-  MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
-  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+  control_plane_ = std::move(transport.control_plane);
+  rank_ = control_plane_->rank();
+  size_ = control_plane_->size();
   SetLogging(options.log_level, rank_);
   options_.cache_capacity = std::max(1, options_.cache_capacity);
   words_ = 1 + (options_.cache_capacity + 63) / 64;
   cache_.Reset(options_.cache_capacity);
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, options_, &cache_);
-  stall_inspector_ = std::make_unique<StallInspector>(comm_, options_);
+  stall_inspector_ = std::make_unique<StallInspector>(control_plane_.get(), options_);
   watchdog_ = std::make_unique<Watchdog>(options_.collective_timeout_s, stall_inspector_->RankAndHost(rank_));
-  backend_ = std::make_unique<WatchedBackend>(std::make_unique<MpiBackend>(comm_, options_.fusion_threshold_bytes),
-                                              watchdog_.get());
+  backend_ = std::make_unique<WatchedBackend>(std::move(transport.backend), watchdog_.get());
   fusion_ = std::make_unique<Fusion>(options_, backend_.get(), &timeline_, &phases_, fusion_buffer_factory_);
   if (rank_ == 0 && !options_.timeline_path.empty() && !timeline_.Open(options_.timeline_path)) {
     Log(2, "cannot write the timeline to '%s'; continuing without it", options_.timeline_path.c_str());
@@ -93,8 +83,6 @@ void Engine::Shutdown() {
   cv_.notify_all();
   thread_.join();
   timeline_.Close();
-  // The communicator and reductions are left to MPI_Finalize: after a stall the communicator
-  // may still hold an unfinished negotiation, and freeing it then would be erroneous.
 }
 
 Status Engine::CheckLocally(Request* request, const DeviceTensors& device) const {
@@ -322,15 +310,11 @@ bool Engine::RunCycle(bool* progress) {
   if (blocked_eagerly || (!pending_.empty() && none_free_of_graph)) bits[0] |= kAllWaiting;
   if (!blocked_eagerly) bits[0] |= kNobodyBlockedEagerly;
 
-  MPI_Request request;
   phases_.Charge(Phase::kOther);
   phases_.CountCycle();
   watchdog_->ArmForNegotiationCall();
-  int code = MPI_Iallreduce(MPI_IN_PLACE, bits.data(), static_cast<int>(words_), MPI_UINT64_T,
-                            MPI_BAND, comm_, &request);
-  Status status = code == MPI_SUCCESS ? stall_inspector_->WaitForPeers(
-                                            &request, [this] { return PendingNames(8); }, watchdog_.get())
-                                      : MpiStatus(code, "negotiation", "(cycle)");
+  Status status = control_plane_->StartBitwiseAnd(bits.data(), words_);
+  if (status.ok()) status = stall_inspector_->WaitForPeers([this] { return PendingNames(8); }, watchdog_.get());
   watchdog_->Disarm();
   phases_.Charge(Phase::kNegotiation);
   if (!status.ok()) {
@@ -398,40 +382,29 @@ bool Engine::SlowPath(const std::vector<int32_t>& invalidations, std::vector<Rea
   // Every rank has entered this cycle's slow path (the bitwise AND said so): from here on, only a
   // rank or a link that is gone can keep the exchange from completing.
   watchdog_->Arm("the slow-path negotiation");
-  int my_size = static_cast<int>(out.bytes().size());
-  std::vector<int> sizes(rank_ == 0 ? size_ : 0);
-  MPI_Gather(&my_size, 1, MPI_INT, sizes.data(), 1, MPI_INT, 0, comm_);
-  std::vector<int> displs(sizes.size(), 0);
-  std::vector<char> gathered;
-  if (rank_ == 0) {
-    for (int r = 1; r < size_; ++r) displs[r] = displs[r - 1] + sizes[r - 1];
-    gathered.resize(static_cast<size_t>(displs.back()) + sizes.back());
-  }
-  MPI_Gatherv(out.bytes().data(), my_size, MPI_BYTE, gathered.data(), sizes.data(), displs.data(),
-              MPI_BYTE, 0, comm_);
-
-  ByteWriter answer;
-  if (rank_ == 0) {
-    std::vector<std::vector<char>> messages(size_);
-    for (int r = 0; r < size_; ++r) {
-      messages[r].assign(gathered.begin() + displs[r], gathered.begin() + displs[r] + sizes[r]);
-    }
+  std::vector<std::vector<char>> messages;
+  Status exchanged = control_plane_->GatherToRoot(out.bytes(), &messages);
+  std::vector<char> answer;
+  if (exchanged.ok() && rank_ == 0) {
     std::vector<int32_t> evicted;
     std::vector<Response> responses;
     coordinator_->Step(messages, &evicted, &responses);
-    answer.PutInts(std::vector<int64_t>(evicted.begin(), evicted.end()));
-    answer.PutInts(coordinator_->JoinedRanks());
-    answer.Put<uint32_t>(static_cast<uint32_t>(responses.size()));
-    for (const auto& r : responses) WriteResponse(answer, r);
+    ByteWriter bytes;
+    bytes.PutInts(std::vector<int64_t>(evicted.begin(), evicted.end()));
+    bytes.PutInts(coordinator_->JoinedRanks());
+    bytes.Put<uint32_t>(static_cast<uint32_t>(responses.size()));
+    for (const auto& r : responses) WriteResponse(bytes, r);
+    answer = std::move(bytes.bytes());
   }
-  int answer_size = static_cast<int>(answer.bytes().size());
-  MPI_Bcast(&answer_size, 1, MPI_INT, 0, comm_);
-  answer.bytes().resize(answer_size);
-  MPI_Bcast(answer.bytes().data(), answer_size, MPI_BYTE, 0, comm_);
-
+  if (exchanged.ok()) exchanged = control_plane_->BroadcastFromRoot(&answer);
   watchdog_->Disarm();
+  if (!exchanged.ok()) {
+    Log(3, "%s", exchanged.message.c_str());
+    Stop(exchanged, exchanged);
+    return false;
+  }
 
-  ByteReader in(answer.bytes().data(), answer.bytes().size());
+  ByteReader in(answer.data(), answer.size());
   std::vector<int64_t> evicted64 = in.GetInts();
   std::vector<int32_t> evicted(evicted64.begin(), evicted64.end());
   any_joined_ = !in.GetInts().empty();
@@ -535,7 +508,7 @@ void Engine::ExecuteOnDevice(const std::vector<Ready*>& ready) {
   if (!device_executor_) {
     // Requests on a GPU pass CheckLocally only where the hooks exist, and every rank runs the
     // same library, so every rank gets here in this cycle.
-    created = device_hooks_.create(comm_, watchdog_.get(), &timeline_, options_, &device_executor_);
+    created = device_hooks_.create(control_plane_.get(), watchdog_.get(), &timeline_, options_, &device_executor_);
     if (created.ok() && !device_executor_) created = Status::Internal("kerasdist: no device executor was created");
   }
   if (created.ok()) {

@@ -13,11 +13,10 @@
 // The engine runs the cycle and owns the pending collectives; its parts have one job each:
 // Coordinator (rank 0's validation and ordering), ResponseCache (the fast path's slots),
 // StallInspector (what a long wait for peers reports), Fusion (packing allreduces into
-// buffers), a Backend (moving the data: MpiBackend for host memory) and a Watchdog (ending
-// the job when agreed data movement stops).
+// buffers) and a Watchdog (ending the job when agreed data movement stops). Where bytes go is a
+// Transport's (control_plane.h): its ControlPlane carries negotiation, its Backend moves host
+// tensors (MPI for both in every job, MakeMpiTransport).
 #pragma once
-
-#include <mpi.h>
 
 #include <atomic>
 #include <condition_variable>
@@ -32,6 +31,7 @@
 #include "backend.h"
 #include "collective.h"
 #include "common.h"
+#include "control_plane.h"
 #include "coordinator.h"
 #include "device_executor.h"
 #include "fusion.h"
@@ -45,10 +45,14 @@ namespace kerasdist {
 
 class Engine {
  public:
+  // The process's engine, which the op library and the C API use. Tests make engines of their
+  // own (several in one process, one per rank, over an in-process transport).
   static Engine& Get();
 
-  // MPI must already be initialized with MPI_THREAD_MULTIPLE (mpi4py does this).
-  Status Start(const EngineOptions& options);
+  // Makes the transport with `make_transport` (every rank, in the same call: it may be
+  // collective) and starts the engine thread over it.
+  using TransportFactory = std::function<Status(const EngineOptions& options, Transport* transport)>;
+  Status Start(const EngineOptions& options, const TransportFactory& make_transport);
   // Fails what is pending and stops the thread; every rank should call it (atexit does).
   void Shutdown();
   // True once a collective of this rank failed for a stall (the job can no longer be trusted to
@@ -111,7 +115,6 @@ class Engine {
   std::string PendingNames(size_t limit) const;
 
   EngineOptions options_;
-  MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0;
   int size_ = 1;
   size_t words_ = 1;  // bit-vector length in 64-bit words
@@ -131,9 +134,10 @@ class Engine {
   std::map<std::string, std::unique_ptr<Collective>> pending_;
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<StallInspector> stall_inspector_;
   std::unique_ptr<Watchdog> watchdog_;
-  std::unique_ptr<Backend> backend_;  // watched by watchdog_
+  std::unique_ptr<Backend> backend_;  // the transport's, watched by watchdog_
   std::unique_ptr<Fusion> fusion_;
   FusionBufferFactory fusion_buffer_factory_;
   DeviceHooks device_hooks_;

@@ -5,14 +5,11 @@
 #include <sstream>
 #include <thread>
 
-#include "mpi_backend.h"
 #include "watchdog.h"
 
 namespace kerasdist {
 namespace {
 
-constexpr int kTagStallQuery = 17;  // point-to-point tags on the engine's communicator
-constexpr int kTagStallReply = 18;
 // While the collective timeout is on, a waiting rank asks its peers this often whether they are
 // there, so that one gone is noticed within the timeout and this.
 constexpr double kAskEveryS = 5.0;
@@ -23,56 +20,18 @@ constexpr double kSilentAfterS = 2.0;
 
 }  // namespace
 
-StallInspector::StallInspector(MPI_Comm comm, const EngineOptions& options) : comm_(comm), options_(options) {
-  MPI_Comm_rank(comm_, &rank_);
-  MPI_Comm_size(comm_, &size_);
+StallInspector::StallInspector(ControlPlane* control_plane, const EngineOptions& options)
+    : control_plane_(control_plane),
+      rank_(control_plane->rank()),
+      size_(control_plane->size()),
+      options_(options),
+      // Every rank's host name, once, so that a message about a peer can say where it runs.
+      hosts_(control_plane->HostNames()) {
   unanswered_since_.assign(size_, Clock::time_point{});
   peer_cycle_.assign(size_, kNoAnswer);
-  // Every rank's host name, once, so that a message about a peer can say where it runs.
-  char mine[MPI_MAX_PROCESSOR_NAME] = {};
-  int length = 0;
-  MPI_Get_processor_name(mine, &length);
-  std::vector<char> all(static_cast<size_t>(MPI_MAX_PROCESSOR_NAME) * size_);
-  MPI_Allgather(mine, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME, MPI_CHAR, comm_);
-  for (int r = 0; r < size_; ++r) {
-    const char* name = all.data() + static_cast<size_t>(r) * MPI_MAX_PROCESSOR_NAME;
-    hosts_.emplace_back(name, strnlen(name, MPI_MAX_PROCESSOR_NAME));
-  }
-  for (Outbox* outbox : {&questions_, &replies_}) {
-    outbox->requests.assign(size_, MPI_REQUEST_NULL);
-    outbox->values = std::make_unique<int64_t[]>(size_);
-  }
 }
 
-StallInspector::~StallInspector() {
-  for (Outbox* outbox : {&questions_, &replies_}) {
-    bool undelivered = false;
-    for (MPI_Request& request : outbox->requests) {
-      if (request == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-      if (done) continue;
-      MPI_Request_free(&request);
-      undelivered = true;
-    }
-    // MPI may still read a freed send's buffer: a message to a gone peer keeps its 8 bytes.
-    if (undelivered) outbox->values.release();
-  }
-}
-
-void StallInspector::Post(Outbox* outbox, int peer, int64_t value, int tag) {
-  MPI_Request& request = outbox->requests[peer];
-  if (request != MPI_REQUEST_NULL) {
-    int done = 0;
-    MPI_Test(&request, &done, MPI_STATUS_IGNORE);
-    if (!done) return;
-  }
-  outbox->values[peer] = value;
-  MPI_Isend(&outbox->values[peer], 1, MPI_INT64_T, peer, tag, comm_, &request);
-}
-
-Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<std::string()>& pending_names,
-                                    Watchdog* watchdog) {
+Status StallInspector::WaitForPeers(const std::function<std::string()>& pending_names, Watchdog* watchdog) {
   struct DisarmOnReturn {
     Watchdog* watchdog;
     ~DisarmOnReturn() { watchdog->Disarm(); }
@@ -86,16 +45,16 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
   in_negotiation_ = true;
   while (true) {
     watchdog->ArmForNegotiationCall();
-    int done = 0;
-    int code = MPI_Test(request, &done, MPI_STATUS_IGNORE);
-    if (code != MPI_SUCCESS) return MpiStatus(code, "negotiation", "(cycle)");
+    bool done = false;
+    const Status tested = control_plane_->TestBitwiseAnd(&done);
+    if (!tested.ok()) return tested;
     if (done) {
       in_negotiation_ = false;
       ++cycles_done_;
       return Status::OK();
     }
-    // Peers usually arrive within microseconds: yield first, then poll gently, since MPI's
-    // own wait spins a core and on small machines that core trains the model.
+    // Peers usually arrive within microseconds: yield first, then poll gently, since a blocking
+    // wait (MPI's) spins a core and on small machines that core trains the model.
     const double waited = Seconds(Clock::now() - start);
     if (waited < 1e-3) {
       std::this_thread::yield();
@@ -127,18 +86,15 @@ Status StallInspector::WaitForPeers(MPI_Request* request, const std::function<st
 }
 
 void StallInspector::AnswerQueries() {
-  int flag = 1;
-  while (flag) {
-    MPI_Status status;
-    MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, comm_, &flag, &status);
-    if (!flag) break;
-    int64_t message = 0;
-    MPI_Recv(&message, 1, MPI_INT64_T, status.MPI_SOURCE, status.MPI_TAG, comm_, MPI_STATUS_IGNORE);
-    if (status.MPI_TAG == kTagStallQuery) {
-      Post(&replies_, status.MPI_SOURCE, in_negotiation_ ? cycles_done_ : -1, kTagStallReply);
+  int peer = 0;
+  StallMessage kind;
+  int64_t message = 0;
+  while (control_plane_->Receive(&peer, &kind, &message)) {
+    if (kind == StallMessage::kQuestion) {
+      control_plane_->Post(peer, StallMessage::kReply, in_negotiation_ ? cycles_done_ : -1);
     } else {
-      peer_cycle_[status.MPI_SOURCE] = message;
-      unanswered_since_[status.MPI_SOURCE] = Clock::time_point{};
+      peer_cycle_[peer] = message;
+      unanswered_since_[peer] = Clock::time_point{};
     }
   }
 }
@@ -151,12 +107,12 @@ void StallInspector::AskWhoIsMissing(Clock::time_point now) {
     peer_cycle_.assign(size_, kNoAnswer);
     asked_in_cycle_ = cycles_done_;
   }
-  // Not a blocking send: one to a peer whose process died while its host stays up never returned
-  // (MPICH over TCP, under srun, which leaves the other tasks running), and the collective timeout
-  // below never fired. A peer that has not taken the last question gets no new one.
+  // Never a blocking send: one to a peer whose process died while its host stays up may never
+  // return, and the collective timeout below would never fire. A peer that has not taken the
+  // last question gets no new one.
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;
-    Post(&questions_, r, cycles_done_, kTagStallQuery);
+    control_plane_->Post(r, StallMessage::kQuestion, cycles_done_);
     if (unanswered_since_[r] == Clock::time_point{}) unanswered_since_[r] = now;
   }
 }

@@ -1,7 +1,6 @@
 #include "watchdog.h"
 
-#include <mpi.h>
-
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <sstream>
@@ -9,16 +8,23 @@
 #include <thread>
 
 namespace kerasdist {
+namespace {
+
+std::atomic<void (*)()> g_abort_job{nullptr};
+
+}  // namespace
+
+void SetJobAbort(void (*abort_job)()) { g_abort_job = abort_job; }
 
 void EndJob(const std::string& message) {
   // kerasdist-run watches for "so that the launcher ends the job" (output.py RANK_ENDS_JOB).
   Log(3, "kerasdist: %s. Ending this rank with status 1 so that the launcher ends the job.", message.c_str());
-  // MPI_Abort on the world asks the launcher to end every rank. A plain exit with status 1 left it
-  // to notice: MPICH's hydra missed that in about 1 job in 20 (it reaped the rank before seeing
-  // its PMI connection close, then never signalled the others), and a frozen peer kept the job
-  // alive for ever. MPICH sends the world's abort to the launcher and to no other rank; it then
-  // calls exit(), whose destructors could wait on a thread stuck in MPI, and another MPI might
-  // wait elsewhere: hence the backstop.
+  // The job's abort (MPI_Abort on the world) asks the launcher to end every rank. A plain exit
+  // with status 1 left it to notice: MPICH's hydra missed that in about 1 job in 20 (it reaped the
+  // rank before seeing its PMI connection close, then never signalled the others), and a frozen
+  // peer kept the job alive for ever. MPICH sends the world's abort to the launcher and to no
+  // other rank; it then calls exit(), whose destructors could wait on a thread stuck in MPI, and
+  // another MPI might wait elsewhere: hence the backstop.
   try {
     std::thread([] {
       std::this_thread::sleep_for(std::chrono::seconds(5));
@@ -30,10 +36,7 @@ void EndJob(const std::string& message) {
   // Hydra drops what a rank wrote but it has not yet read once an abort arrives (5 of 60 jobs lost
   // the line written just before; 0 of 60 with half a second between): give it time to read.
   std::this_thread::sleep_for(std::chrono::seconds(1));
-  int initialized = 0, finalized = 0;
-  MPI_Initialized(&initialized);
-  MPI_Finalized(&finalized);
-  if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
+  if (auto abort_job = g_abort_job.load()) abort_job();
   std::_Exit(1);
 }
 

@@ -16,9 +16,13 @@
 
 namespace kerasdist {
 
-// Logs `message` with how the job ends, then ends the whole job with status 1 (MPI_Abort on the
-// world); this rank is gone within 5 s whatever the launcher does.
+// Logs `message` with how the job ends, then ends the whole job with status 1 (through the abort
+// SetJobAbort chose: MPI_Abort on the world in an MPI job); this rank is gone within 5 s whatever
+// the launcher does.
 [[noreturn]] void EndJob(const std::string& message);
+// How EndJob asks the launcher to end every rank; the transport that starts the engine sets it
+// (MakeMpiTransport). Until then, or if it returns, the rank exits alone.
+void SetJobAbort(void (*abort_job)());
 
 // Why a watched call that has not finished means a rank or the network is gone.
 inline constexpr char kAgreedToRun[] = "although every rank had agreed to run it";

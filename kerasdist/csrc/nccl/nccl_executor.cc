@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <tuple>
+#include <vector>
 
 #include "nccl_backend.h"
 
@@ -46,11 +48,13 @@ class DeviceMemory {
 
 class NcclExecutor : public DeviceExecutor {
  public:
-  NcclExecutor(MPI_Comm comm, Watchdog* watchdog, Timeline* timeline, const EngineOptions& options)
-      : mpi_comm_(comm), watchdog_(watchdog), timeline_(timeline), threshold_bytes_(options.fusion_threshold_bytes) {
-    MPI_Comm_rank(comm, &rank_);
-    MPI_Comm_size(comm, &size_);
-  }
+  NcclExecutor(ControlPlane* control_plane, Watchdog* watchdog, Timeline* timeline, const EngineOptions& options)
+      : control_plane_(control_plane),
+        rank_(control_plane->rank()),
+        size_(control_plane->size()),
+        watchdog_(watchdog),
+        timeline_(timeline),
+        threshold_bytes_(options.fusion_threshold_bytes) {}
 
   ~NcclExecutor() override {
     if (comm_) ncclCommDestroy(comm_);
@@ -58,7 +62,8 @@ class NcclExecutor : public DeviceExecutor {
   }
 
   // Collective: every rank's local setup is checked by all, so either all create the NCCL
-  // communicator (from an id rank 0 broadcasts over MPI) or none does and all fail alike.
+  // communicator (from an id rank 0 broadcasts over the control plane) or none does and all fail
+  // alike.
   Status Start(int ordinal) {
     const std::string what = "device setup";
     Status local = CudaStatus(cudaSetDevice(ordinal), "selecting the GPU", what);
@@ -69,12 +74,16 @@ class NcclExecutor : public DeviceExecutor {
     }
     ncclUniqueId id{};
     if (local.ok() && rank_ == 0) local = NcclStatus(ncclGetUniqueId(&id), "creating the NCCL id", what);
-    int ok = local.ok() ? 1 : 0, all_ok = 0;
     watchdog_->Arm("NCCL setup");
-    MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, mpi_comm_);
-    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, mpi_comm_);
+    std::vector<char> id_bytes(reinterpret_cast<const char*>(&id), reinterpret_cast<const char*>(&id) + sizeof(id));
+    bool all_ok = false;
+    Status exchanged = control_plane_->BroadcastFromRoot(&id_bytes);
+    if (exchanged.ok()) exchanged = AllRanksAgree(control_plane_, local.ok(), &all_ok);
+    if (exchanged.ok()) std::memcpy(&id, id_bytes.data(), sizeof(id));
     Status started = local;
-    if (all_ok) {
+    if (!exchanged.ok()) {
+      started = exchanged;
+    } else if (all_ok) {
       started = NcclStatus(ncclCommInitRank(&comm_, size_, id, rank_), "creating the NCCL communicator", what);
     } else if (local.ok()) {
       started = Status::Internal("kerasdist: another rank could not set up its GPU for NCCL (its log says why)");
@@ -298,12 +307,12 @@ class NcclExecutor : public DeviceExecutor {
     return stand_ins_.back()->data();
   }
 
-  MPI_Comm mpi_comm_;
+  ControlPlane* control_plane_;
+  const int rank_;
+  const int size_;
   Watchdog* watchdog_;
   Timeline* timeline_;
   const int64_t threshold_bytes_;
-  int rank_ = 0;
-  int size_ = 1;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<Backend> backend_;  // NCCL, watched
@@ -336,9 +345,9 @@ Status CheckDeviceRequest(const Request& request, const DeviceTensors& device) {
 DeviceHooks NcclDeviceHooks() {
   DeviceHooks hooks;
   hooks.check = CheckDeviceRequest;
-  hooks.create = [](MPI_Comm comm, Watchdog* watchdog, Timeline* timeline, const EngineOptions& options,
-                    std::unique_ptr<DeviceExecutor>* executor) {
-    auto nccl = std::make_unique<NcclExecutor>(comm, watchdog, timeline, options);
+  hooks.create = [](ControlPlane* control_plane, Watchdog* watchdog, Timeline* timeline,
+                    const EngineOptions& options, std::unique_ptr<DeviceExecutor>* executor) {
+    auto nccl = std::make_unique<NcclExecutor>(control_plane, watchdog, timeline, options);
     Status s = nccl->Start(first_ordinal.load());
     if (s.ok()) *executor = std::move(nccl);
     return s;
