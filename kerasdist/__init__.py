@@ -25,15 +25,15 @@ _EXPORTS = {
             "is_initialized",
             "local_rank",
             "local_size",
-            "mpi_built",
-            "nccl_built",
-            "pin_gpu",
             "planned_size",
             "rank",
             "shutdown",
             "size",
         )
     },
+    "mpi_built": "kerasdist.op_library",
+    "nccl_built": "kerasdist.op_library",
+    "pin_gpu": "kerasdist.devices",
     **{
         name: "kerasdist.ops"
         for name in (

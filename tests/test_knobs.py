@@ -120,8 +120,8 @@ def test_the_declaration_and_the_settings_have_the_same_fields():
 _ENGINE_START = """
 import ctypes, sys
 import tensorflow as tf
-from kerasdist import knobs, runtime
-path = runtime._library_path()
+from kerasdist import knobs, op_library
+path = op_library.library_path()
 tf.load_op_library(path)
 engine = ctypes.CDLL(path)
 def start(settings):

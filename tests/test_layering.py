@@ -14,7 +14,19 @@ PACKAGE = pathlib.Path(kerasdist.__file__).parent
 
 # Bottom to top; a module belongs to the layer of the longest prefix that names it.
 LAYERS = [
-    ("process state", ["kerasdist.runtime", "kerasdist.knobs", "kerasdist._compat", "kerasdist._registered_names"]),
+    (
+        "process state",
+        [
+            "kerasdist.runtime",
+            "kerasdist.op_library",
+            "kerasdist.process_tuning",
+            "kerasdist.exit_policy",
+            "kerasdist.devices",
+            "kerasdist.knobs",
+            "kerasdist._compat",
+            "kerasdist._registered_names",
+        ],
+    ),
     ("launcher", ["kerasdist.run"]),
     ("collectives", ["kerasdist.ops"]),
     (

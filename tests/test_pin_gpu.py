@@ -2,7 +2,7 @@
 
 import pytest
 
-from kerasdist import runtime
+from kerasdist import devices
 
 
 class FakeConfig:
@@ -29,21 +29,21 @@ class FakeConfig:
 def test_each_local_rank_sees_only_its_own_gpu_with_memory_growth():
     for local_rank in range(4):
         config = FakeConfig(["gpu0", "gpu1", "gpu2", "gpu3"])
-        assert runtime._pin_gpu(config, local_rank, 4) == f"gpu{local_rank}"
+        assert devices._pin_gpu(config, local_rank, 4) == f"gpu{local_rank}"
         assert config.visible == [f"gpu{local_rank}"]
         assert config.growth == {f"gpu{local_rank}": True}
 
 
 def test_without_gpus_nothing_changes():
     config = FakeConfig([])
-    assert runtime._pin_gpu(config, 1, 2) is None
+    assert devices._pin_gpu(config, 1, 2) is None
     assert config.visible is None and config.growth == {}
 
 
 def test_more_processes_than_gpus_is_an_error_naming_the_counts():
     config = FakeConfig(["gpu0", "gpu1"])
     with pytest.raises(RuntimeError, match="local rank 2 has no GPU of its own: this host has 2 GPU"):
-        runtime._pin_gpu(config, 2, 3)
+        devices._pin_gpu(config, 2, 3)
     assert config.visible is None
 
 

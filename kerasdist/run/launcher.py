@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 
-from kerasdist import knobs, runtime
+from kerasdist import knobs, op_library, runtime
 from kerasdist.run import hosts, mpi, output
 
 PROG = "kerasdist-run"
@@ -276,7 +276,7 @@ def read_build_info(path=BUILD_INFO_PATH):
 
 def _op_library_path():
     try:
-        return runtime._library_path()
+        return op_library.library_path()
     except ImportError:
         return None
 
@@ -294,7 +294,7 @@ def check_build(environ, run_version=mpi.run_version_query):
         print(f"built against:  TensorFlow {build_info.get('tensorflow', '?')}")
         running = installed_tensorflow()
         print(f"running:        {f'TensorFlow {running[0]} ({running[1]})' if running else 'no TensorFlow found'}")
-        mismatch = running and runtime.tensorflow_mismatch(build_info.get("tensorflow"), running[0])
+        mismatch = running and op_library.tensorflow_mismatch(build_info.get("tensorflow"), running[0])
         if mismatch:
             print(f"mismatch:       {mismatch}")
         print(

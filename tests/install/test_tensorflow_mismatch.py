@@ -7,16 +7,16 @@ import sys
 
 import pytest
 
-from kerasdist import runtime
+from kerasdist import op_library
 from kerasdist.run import launcher
 
 
 def test_releases_of_one_minor_version_agree():
-    assert runtime.tensorflow_mismatch("2.20.0", "2.20.1") is None
+    assert op_library.tensorflow_mismatch("2.20.0", "2.20.1") is None
 
 
 def test_unknown_build_is_not_called_a_mismatch():
-    assert runtime.tensorflow_mismatch(None, "2.21.0") is None
+    assert op_library.tensorflow_mismatch(None, "2.21.0") is None
 
 
 class FakeDistribution:
@@ -34,14 +34,14 @@ def installed_from(monkeypatch):
 
     def install(direct_url, build_info):
         monkeypatch.setattr(importlib.metadata, "distribution", lambda name: FakeDistribution(direct_url))
-        monkeypatch.setattr(runtime, "_build_info", lambda: build_info)
+        monkeypatch.setattr(op_library, "build_info", lambda: build_info)
 
     return install
 
 
 def test_another_minor_release_is_named_with_both_versions_and_a_reinstall(installed_from):
     installed_from({"url": "file:///src/kerasdist-0.1.0.tar.gz", "archive_info": {}}, {"mpi": "PyPI mpich"})
-    message = runtime.tensorflow_mismatch("2.20.0", "2.21.0")
+    message = op_library.tensorflow_mismatch("2.20.0", "2.21.0")
     assert "built against TensorFlow 2.20.0" in message and "runs TensorFlow 2.21.0" in message
     assert message.endswith(
         f"{sys.executable} -m pip install --no-cache-dir --force-reinstall --no-deps /src/kerasdist-0.1.0.tar.gz"
@@ -50,7 +50,7 @@ def test_another_minor_release_is_named_with_both_versions_and_a_reinstall(insta
 
 def test_rebuild_reinstalls_the_sdist_it_came_from(installed_from):
     installed_from({"url": "file:///tmp/my%20dir/kerasdist-0.1.0.tar.gz", "archive_info": {}}, {"mpi": "PyPI mpich"})
-    command = runtime._rebuild_command()
+    command = op_library.rebuild_command()
     assert command == (
         f"{sys.executable} -m pip install --no-cache-dir --force-reinstall --no-deps "
         "'/tmp/my dir/kerasdist-0.1.0.tar.gz'"
@@ -60,20 +60,20 @@ def test_rebuild_reinstalls_the_sdist_it_came_from(installed_from):
 def test_rebuild_from_git_pins_the_installed_commit(installed_from):
     url = "https://example.org/kerasdist.git"
     installed_from({"url": url, "vcs_info": {"vcs": "git", "commit_id": "abc123"}}, {"mpi": "PyPI mpich"})
-    assert runtime._rebuild_command().endswith(f"--no-deps git+{url}@abc123")
+    assert op_library.rebuild_command().endswith(f"--no-deps git+{url}@abc123")
 
 
 def test_rebuild_keeps_a_system_mpi_and_the_nccl_variant(installed_from):
     build_info = {"mpi": "mpicc at /usr/bin/mpicc.openmpi", "nccl": True}
     installed_from({"url": "file:///src/kerasdist", "dir_info": {}}, build_info)
-    command = runtime._rebuild_command()
+    command = op_library.rebuild_command()
     assert command.startswith("MPICC=/usr/bin/mpicc.openmpi KERASDIST_WITH_NCCL=1 ")
     assert command.endswith("--no-deps --no-build-isolation /src/kerasdist")
 
 
 def test_rebuild_of_an_editable_checkout_builds_in_place(installed_from):
     installed_from({"url": "file:///src/kerasdist", "dir_info": {"editable": True}}, {"mpi": "PyPI mpich"})
-    assert runtime._rebuild_command() == f"cd /src/kerasdist && {sys.executable} setup.py build_ext --inplace"
+    assert op_library.rebuild_command() == f"cd /src/kerasdist && {sys.executable} setup.py build_ext --inplace"
 
 
 def test_check_build_reports_the_running_tensorflow_beside_the_built_against_one(monkeypatch, capsys):

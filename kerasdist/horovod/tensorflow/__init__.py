@@ -23,7 +23,7 @@ import keras as _keras
 import tensorflow as tf
 
 import kerasdist
-from kerasdist import knobs, ops, runtime
+from kerasdist import knobs, op_library, ops, runtime
 from kerasdist.optimizer import DistributedGradientTape as _KerasdistGradientTape
 from kerasdist.optimizer import DistributedOptimizer as _KerasdistOptimizer
 from kerasdist.reductions import reduce_gradients
@@ -169,7 +169,7 @@ is_initialized = runtime.is_initialized
 size, rank = runtime.size, runtime.rank
 local_size, local_rank = runtime.local_size, runtime.local_rank
 cross_size, cross_rank = runtime.cross_size, runtime.cross_rank
-mpi_built, nccl_built = runtime.mpi_built, runtime.nccl_built
+mpi_built, nccl_built = op_library.mpi_built, op_library.nccl_built
 
 
 def mpi_enabled():
