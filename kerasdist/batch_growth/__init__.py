@@ -9,12 +9,14 @@
 - `GradientNoiseScale` (also `kerasdist.GradientNoiseScale`, defined in
   `kerasdist.gradient_statistics` beside the optimizer that feeds it): the statistics the
   optimizer gathers from every update.
-- `curvature`: the top Hessian eigenvalue by power iteration (also `kerasdist.curvature`).
+- `top_hessian_eigenvalue` and `HessianPowerIteration` (defined in `kerasdist.curvature`, a
+  tool of its own): the top Hessian eigenvalue by power iteration, which the curvature signal
+  follows.
 """
 
 from kerasdist.batch_growth.callback import AdaptiveBatchGrowth
-from kerasdist.batch_growth.curvature import HessianEigenpair, HessianPowerIteration, top_hessian_eigenvalue
 from kerasdist.batch_growth.signals import CurvatureSignal, GrowthSignal, NoiseScaleSignal
+from kerasdist.curvature import HessianEigenpair, HessianPowerIteration, top_hessian_eigenvalue
 from kerasdist.gradient_statistics import GradientNoiseScale
 
 __all__ = [

@@ -5,7 +5,7 @@ float on every rank) and says whether a finite measurement calls for the grown b
 (`wants_more_batch`); it hears when the batch did grow (`batch_grew`), for whatever reason.
 """
 
-from kerasdist.batch_growth.curvature import HessianPowerIteration
+from kerasdist.curvature import HessianPowerIteration
 
 
 class GrowthSignal:
