@@ -59,7 +59,7 @@ _EXPORTS = {
             "reducescatter",
         )
     },
-    **{name: "kerasdist.optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
+    **{name: "kerasdist.distributed_optimizer" for name in ("DistributedOptimizer", "DistributedGradientTape")},
     # The callbacks a distributed fit needs. `kerasdist.callbacks(...)` calls it too, but that name is
     # the package of the callback classes, which a function cannot replace: importing a submodule
     # sets the parent's attribute to the module.

@@ -18,11 +18,11 @@ import sys
 # Registered name -> the module whose import registers it; tests/launch/test_load_model_import.py
 # checks that importing every kerasdist module registers exactly these names.
 REGISTERED_NAMES = {
-    "kerasdist>DistributedOptimizer": "kerasdist.optimizer",
+    "kerasdist>DistributedOptimizer": "kerasdist.distributed_optimizer",
     "kerasdist>LAMB": "kerasdist.optimizers.lamb",
     "kerasdist>LARC": "kerasdist.optimizers.larc",
     "kerasdist>LARS": "kerasdist.optimizers.lars",
-    "kerasdist>LossScalingDistributedOptimizer": "kerasdist.optimizer",
+    "kerasdist>LossScalingDistributedOptimizer": "kerasdist.distributed_optimizer",
     "kerasdist>SyncBatchNormalization": "kerasdist.layers.sync_batch_normalization",
     "kerasdist>ZeroPaddedShortcut": "kerasdist.models.resnet",
 }

@@ -32,7 +32,7 @@ LAYERS = [
     (
         "gradient reduction",
         [
-            "kerasdist.optimizer",
+            "kerasdist.distributed_optimizer",
             "kerasdist.reductions",
             "kerasdist.gradient_statistics",
             "kerasdist.wrapping_optimizer",

@@ -3,7 +3,7 @@
 import keras
 
 from kerasdist import ops, runtime, training_state
-from kerasdist.optimizer import DistributedOptimizer
+from kerasdist.distributed_optimizer import DistributedOptimizer
 
 # The window restarts at every epoch and the ranks average at each epoch's last step anyway, so
 # only windows up to an epoch's steps mean anything; no epoch has a million steps per rank. A

@@ -6,9 +6,9 @@ import contextlib
 import keras
 import tensorflow as tf
 
+from kerasdist.distributed_optimizer import DistributedOptimizer
 from kerasdist.estimator.inputs import _empty_batch, _features_and_labels
 from kerasdist.estimator.spec import ModeKeys
-from kerasdist.optimizer import DistributedOptimizer
 from kerasdist.training_state import model_state_variables
 
 

@@ -34,7 +34,7 @@ np.savez(sys.argv[2], *[v.numpy() for v in model.optimizer.variables])
 LOAD = """
 import sys, numpy as np
 IMPORTS
-assert "kerasdist.optimizer" not in sys.modules, "the test must load with a bare import kerasdist"
+assert "kerasdist.distributed_optimizer" not in sys.modules, "the test must load with a bare import kerasdist"
 model = keras.saving.load_model(sys.argv[1])
 saved = np.load(sys.argv[2])
 print("OPTIMIZER", type(model.optimizer).__name__, type(model.optimizer.inner_optimizer).__name__)

@@ -24,8 +24,8 @@ import tensorflow as tf
 
 import kerasdist
 from kerasdist import knobs, op_library, ops, runtime
-from kerasdist.optimizer import DistributedGradientTape as _KerasdistGradientTape
-from kerasdist.optimizer import DistributedOptimizer as _KerasdistOptimizer
+from kerasdist.distributed_optimizer import DistributedGradientTape as _KerasdistGradientTape
+from kerasdist.distributed_optimizer import DistributedOptimizer as _KerasdistOptimizer
 from kerasdist.reductions import reduce_gradients
 
 Average, Sum, Min, Max, Product = ops.Average, ops.Sum, ops.Min, ops.Max, ops.Product
