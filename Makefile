@@ -53,23 +53,32 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 
 # First the Debian packages of the real-cluster tests (as root; elsewhere those tests skip, naming
 # why). Size 1 runs everything but tests/openmpi (tests/launch, tests/multihost and tests/slurm
-# start their own jobs, tests/install pip-installs kerasdist into fresh venvs), on two
-# pytest-xdist workers (each file's tests on one worker, longest files first: tests/conftest.py);
-# the collectives and Keras-layer suites then run inside 2 and 3 ranks (the collectives once more
+# start their own jobs, tests/install pip-installs kerasdist into a fresh venv), on two
+# pytest-xdist workers (each file's tests on one worker, longest files first: tests/conftest.py).
+# Then the collectives and Keras-layer suites run inside 2 and 3 ranks (the collectives once more
 # at 3 with fusion and splitting off: every tensor then takes the engine's unfused path), and the
-# docstring examples (written for any size) at 1 and 2. tests/docs builds the documentation site
-# (make docs) and opens it in Chromium. The Open MPI build's suites come last, from a make of
-# their own, which sees Open MPI if it was just installed. Each mpiexec is bounded so a hang fails
-# instead of waiting. Not here: make soak (see there).
+# docstring examples (written for any size) at 2. tests/docs builds the documentation site (make
+# docs) and opens it in Chromium. The Open MPI build's suites come last, from a make of their own,
+# which sees Open MPI if it was just installed. Each mpiexec is bounded so a hang fails instead of
+# waiting. Not here: make soak, make test-install (see there).
+#
+# At 3 ranks, 3 processes share 2 cores: the Keras suite took 6:47 there against 3:47 at 2 ranks
+# (2026-12-06). Three rank-agnostic files and the two statistical convergence tests of the noise
+# scale (120 s of it at 3 ranks; they run at 1 and 2) stay at 2 ranks, so that CI keeps to its budget.
+KERAS_AT_2_RANKS_ONLY := --ignore=tests/keras/test_estimator.py --ignore=tests/keras/test_models.py \
+    --ignore=tests/keras/test_default_callbacks.py \
+    --deselect tests/keras/test_batch_growth.py::test_noise_scale_growth_stops_below_the_critical_batch \
+    --deselect tests/keras/test_batch_growth.py::test_noise_scale_converges_to_the_closed_form
 test: lint build
 	scripts/cluster_packages.sh install
-	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder tests --ignore=tests/openmpi
+	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder tests --ignore=tests/openmpi \
+	    --ignore=tests/install/test_other_tensorflow_release.py
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
-	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras $(KERAS_AT_2_RANKS_ONLY)
 	$(MAKE) --no-print-directory test-openmpi
 
 # GPU kernels and the NCCL backend, compiled and linked with g++ against the PyPI NCCL and CUDA
@@ -152,12 +161,14 @@ $(OPENMPI_VENV)/.built: $(OPENMPI_VENV)/.installed $(OP_LIBRARY_SOURCES) $(PACKA
 
 # kerasdist installed as users install it: plain `pip install` (build isolation on, dependencies
 # resolved) into fresh venvs that already have TensorFlow. requirements.txt's release gets it from a
-# checkout and trains the digits example at 2 ranks; the minor release before gets it from an sdist
-# and runs the collectives at 2 ranks, then has its TensorFlow upgraded under kerasdist (the mismatch
-# must be named, and the rebuild it names must work). The venvs are removed afterwards. make test
-# runs it too, beside the rest; this target runs it alone.
+# checkout and trains the digits example at 2 ranks (make test runs that part too); the minor
+# release before gets it from an sdist and runs the collectives at 2 ranks, then has its
+# TensorFlow upgraded under kerasdist (the mismatch must be named, and the rebuild it names must
+# work): about 8 CPU-minutes that CI's budget does not hold, so only this target runs it. The venvs
+# are removed afterwards.
 test-install: venv
-	timeout 2400 $(PY) -m pytest -q -p no:cacheprovider --durations=0 tests/install/test_pip_install.py
+	timeout 2400 $(PY) -m pytest -q -p no:cacheprovider --durations=0 tests/install/test_pip_install.py \
+	    tests/install/test_other_tensorflow_release.py
 
 # Debian's Slurm, munge and Open MPI, for the real-cluster tests; installed when root with apt-get,
 # else the script says why and those tests skip naming the reason.
