@@ -28,7 +28,7 @@ FUSION_THRESHOLDS = {
 }
 
 
-def compile_command(output, program=TEST_PROGRAM):
+def compile_command(output, program):
     build_info = read_build_info(BUILD_INFO)
     if build_info is None or "mpi_compile_flags" not in build_info:
         pytest.fail(f"{BUILD_INFO} is missing or predates mpi_compile_flags: build the op library (make build)")
@@ -54,17 +54,22 @@ def compile_command(output, program=TEST_PROGRAM):
     ]
 
 
-@pytest.fixture(scope="session")
-def c_api_test(tmp_path_factory):
+def compiled_program(tmp_path_factory, source):
+    """`source` compiled with every engine source into a fresh directory; its path."""
     if shutil.which("g++") is None:
-        pytest.fail("g++ is needed to build the engine test (it builds the op library too)")
-    program = tmp_path_factory.mktemp("engine") / "c_api_test"
-    command = compile_command(program)
+        pytest.fail("g++ is needed to build the engine tests (it builds the op library too)")
+    program = tmp_path_factory.mktemp("engine") / source.stem
+    command = compile_command(program, source)
     started = time.monotonic()
     compiled = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
     assert compiled.returncode == 0, f"$ {shlex.join(command)}\n{compiled.stdout}{compiled.stderr}"
     print(f"compiled {program.name} in {time.monotonic() - started:.1f} s")
     return program
+
+
+@pytest.fixture(scope="session")
+def c_api_test(tmp_path_factory):
+    return compiled_program(tmp_path_factory, TEST_PROGRAM)
 
 
 @pytest.mark.parametrize("threshold", FUSION_THRESHOLDS.values(), ids=FUSION_THRESHOLDS.keys())

@@ -4,12 +4,10 @@ device is negotiated, GPU requests reach the executor and CPU ones do not, and r
 every rank. The NCCL executor itself needs a GPU: benchmarks/gpu_check.py is its check."""
 
 import re
-import shlex
-import subprocess
 
 import pytest
 from launch_utils import DEFAULT_JOB_TIMEOUT_S, LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, run_job
-from test_c_api import COMPILE_TIMEOUT_S, compile_command
+from test_c_api import compiled_program
 
 pytestmark = LAUNCH_TEST_MARKS
 TEST_PROGRAM = REPO_ROOT / "tests" / "engine" / "device_hooks_test.cc"
@@ -17,11 +15,7 @@ TEST_PROGRAM = REPO_ROOT / "tests" / "engine" / "device_hooks_test.cc"
 
 @pytest.fixture(scope="session")
 def device_hooks_test(tmp_path_factory):
-    program = tmp_path_factory.mktemp("engine") / "device_hooks_test"
-    command = compile_command(program, TEST_PROGRAM)
-    compiled = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    assert compiled.returncode == 0, f"$ {shlex.join(command)}\n{compiled.stdout}{compiled.stderr}"
-    return program
+    return compiled_program(tmp_path_factory, TEST_PROGRAM)
 
 
 @pytest.mark.parametrize("ranks", [2, 3])

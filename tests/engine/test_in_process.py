@@ -5,12 +5,11 @@ a mismatch and a stalled rank against values it computes itself. It shows that a
 one file implementing control_plane.h and backend.h: nothing in the engine changes for it."""
 
 import re
-import shlex
 import subprocess
 
 import pytest
 from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT
-from test_c_api import COMPILE_TIMEOUT_S, compile_command
+from test_c_api import compiled_program
 
 pytestmark = LAUNCH_TEST_MARKS
 TEST_PROGRAM = REPO_ROOT / "tests" / "engine" / "in_process_test.cc"
@@ -19,11 +18,7 @@ RUN_TIMEOUT_S = 120  # it takes seconds; a hang fails here
 
 @pytest.fixture(scope="module")
 def in_process_test(tmp_path_factory):
-    program = tmp_path_factory.mktemp("engine") / "in_process_test"
-    command = compile_command(program, TEST_PROGRAM)
-    compiled = subprocess.run(command, capture_output=True, text=True, timeout=COMPILE_TIMEOUT_S)
-    assert compiled.returncode == 0, f"$ {shlex.join(command)}\n{compiled.stdout}{compiled.stderr}"
-    return program
+    return compiled_program(tmp_path_factory, TEST_PROGRAM)
 
 
 def test_three_engines_in_one_process_agree_over_the_in_process_transport(in_process_test, tmp_path):
