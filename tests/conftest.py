@@ -127,7 +127,15 @@ def pytest_configure(config):
 # by itself it orders by number of tests): the longest files first, so that no worker ends on
 # one while the other idles, then the other files whose tests start jobs of their own (a few
 # tests of a minute each), then the rest, most tests first.
-LONGEST_FILES = ("install/test_pip_install.py", "multihost/test_multihost_training.py")
+# Each took 3.5-6 minutes in a CI run of 2026-12-06 (under load; the install's setup included).
+LONGEST_FILES = (
+    "launch/test_restarts.py",
+    "launch/test_checkpoint_kill.py",
+    "install/test_pip_install.py",
+    "multihost/test_multihost_training.py",
+    "multihost/test_fault_matrix.py",
+    "slurm/test_slurm_failures.py",
+)
 JOB_STARTING_DIRECTORIES = ("install", "launch", "multihost", "optimizers", "slurm")
 
 
