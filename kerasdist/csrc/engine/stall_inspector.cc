@@ -1,7 +1,6 @@
 #include "stall_inspector.h"
 
 #include <algorithm>
-#include <cstring>
 #include <sstream>
 #include <thread>
 
