@@ -51,8 +51,10 @@ class World {
     std::lock_guard<std::mutex> lock(mu_);
     const int64_t number = next_step_[rank]++;
     Step& step = steps_[number];
-    if (step.deposits.empty()) step.deposits.resize(size_);
-    step.kinds.resize(size_);
+    if (step.deposits.empty()) {  // the first rank to take this step
+      step.deposits.resize(size_);
+      step.kinds.resize(size_);
+    }
     step.deposits[rank] = std::move(mine);
     step.kinds[rank] = kind;
     if (++step.deposited == size_) cv_.notify_all();
