@@ -1,5 +1,6 @@
-// How the engine routes device (GPU) collectives, checked without a GPU: a stand-in executor
-// registered through DeviceHooks reduces host memory with MPI, so that this program can check
+// How the engine routes device (GPU) collectives, checked without a GPU: a stand-in device
+// registered through DeviceHooks (MPI on a communicator of its own, over host memory that orders
+// after the front end as CUDA memory does), so that this program can check
 // that negotiation carries the device (a tensor on a GPU on one rank and on the CPU on another
 // fails on every rank), that GPU requests reach the executor and CPU ones do not, that the
 // executor is created once, on every rank in the same cycle, that it waits for each input's
@@ -16,6 +17,8 @@
 #include <vector>
 
 #include "engine.h"
+#include "host_memory.h"
+#include "mpi_backend.h"
 #include "mpi_control_plane.h"
 
 namespace kd = kerasdist;
@@ -34,28 +37,30 @@ void Check(bool ok, const std::string& what) {
   ++g_failures;
 }
 
-char g_stream;  // what the stand-in executor passes as its "stream"
+char g_stream;  // what the stand-in memory passes as its "stream"
 std::atomic<int> g_created{0};
 std::vector<std::string> g_ran_on_device;  // engine thread only, read after each wait
 
-MPI_Comm g_device_comm;  // the stand-in executor's own, as NCCL's communicator would be
+MPI_Comm g_device_comm;  // the stand-in backend's own, as NCCL's communicator would be
 
-class HostStandInExecutor : public kd::DeviceExecutor {
+// The stand-in device: MPI on a communicator of its own, over host memory that orders after the
+// front end as CUDA memory does (through the collective's wait_for_framework).
+class RecordingBackend : public kd::MpiBackend {
  public:
-  explicit HostStandInExecutor(MPI_Comm comm) : comm_(comm) {}
-  void Run(const std::vector<std::pair<kd::Collective*, const kd::Response*>>& ready) override {
-    for (auto& [c, r] : ready) {
-      g_ran_on_device.push_back(c->request.name);
-      if (c->device.wait_for_framework) c->Fail(c->device.wait_for_framework(&g_stream));
-      void* out = nullptr;
-      const kd::TensorSpec& spec = c->request.tensors[0];
-      c->Fail(c->allocate(0, spec.shape, &out));
-      MPI_Allreduce(c->inputs[0], out, static_cast<int>(kd::NumElements(spec.shape)), MPI_FLOAT, MPI_SUM, comm_);
-    }
+  RecordingBackend() : kd::MpiBackend(g_device_comm, 0) {}
+  kd::Status Allreduce(const void* in, void* out, int64_t count, kd::DataType dtype, kd::ReduceOp op, double scale,
+                       const std::string& name) override {
+    g_ran_on_device.push_back(name);
+    return kd::MpiBackend::Allreduce(in, out, count, dtype, op, scale, name);
   }
+};
 
- private:
-  MPI_Comm comm_;
+class StreamOrderedMemory : public kd::HostMemory {
+ public:
+  StreamOrderedMemory() : kd::HostMemory(0, nullptr) {}
+  kd::Status OrderAfterFrontEnd(kd::Collective* c) override {
+    return c->device.wait_for_framework ? c->device.wait_for_framework(&g_stream) : kd::Status::OK();
+  }
 };
 
 kd::DeviceHooks StandInHooks() {
@@ -65,15 +70,16 @@ kd::DeviceHooks StandInHooks() {
     if (request.name == "refused_on_rank_0" && g_rank == 0) return kd::Status::InvalidArgument("refused by the hooks");
     return kd::Status::OK();
   };
-  hooks.create = [](kd::ControlPlane* control_plane, kd::Watchdog*, kd::Timeline*, const kd::EngineOptions&,
-                    std::unique_ptr<kd::DeviceExecutor>* executor) {
+  hooks.create = [](kd::ControlPlane* control_plane, kd::Watchdog*, const kd::EngineOptions&,
+                    std::unique_ptr<kd::Backend>* backend, std::unique_ptr<kd::TensorMemory>* memory) {
     ++g_created;
     // Collective here, as NCCL's setup is: a rank that had not come in this cycle would hang it.
     bool every_rank = false;
     kd::Status agreed = kd::AllRanksAgree(control_plane, true, &every_rank);
     if (!agreed.ok()) return agreed;
     if (!every_rank) return kd::Status::Internal("AllRanksAgree: not every rank agreed");
-    *executor = std::make_unique<HostStandInExecutor>(g_device_comm);
+    *backend = std::make_unique<RecordingBackend>();
+    *memory = std::make_unique<StreamOrderedMemory>();
     return kd::Status::OK();
   };
   return hooks;

@@ -1,23 +1,31 @@
 // The engine over a transport other than MPI: three ranks as threads of one process, each with
 // its own Engine started over in_process_transport.h, run the engine's negotiation (fast and slow
 // path, rank 0's validation), fusion and the stall inspector's questions exactly as an MPI job
-// does. Checked against values this program computes itself: grouped allreduces (fused, in small
-// buffers and unfused; first calls and cached ones), 16-bit compression, broadcast, allgather of
-// unequal rows, a mismatched shape failing on every rank, and a rank that never submits named
-// by the others' stall timeout. No MPI call is made. tests/engine/test_in_process.py builds and
-// runs it; prints one line per failed check and exits non-zero if any failed.
+// does. Each engine also has an emulated device (DeviceHooks): memory without kernels whose
+// copies run only when its "stream" does, and a backend that carries every scale, as CUDA memory
+// and NCCL are, so the one Executor's device path runs here too. Checked against values this
+// program computes itself, on host and device tensors: grouped allreduces (fused, in small
+// buffers and unfused; first calls and cached ones), requests scaled differently in one cycle,
+// an integer Average, 16-bit compression (host), broadcast, allgather of unequal rows,
+// reducescatter, alltoall, a mismatched shape failing on every rank, and a rank that never
+// submits named by the others' stall timeout. No MPI call is made.
+// tests/engine/test_in_process.py builds and runs it; prints one line per failed check and exits
+// non-zero if any failed.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine.h"
 #include "in_process_transport.h"
+#include "kernels.h"
 
 namespace kd = kerasdist;
 
@@ -45,11 +53,140 @@ class HeapBuffer : public kd::FusionBuffer {
   std::vector<char> data_;
 };
 
-// One rank: its engine, and calls that wait for their result as the C API's do.
+// A device's memory, emulated in host memory: no kernels, fused outputs copied out of one
+// buffer allocated up front, and copies that run only when the "stream" does (before each call
+// of the backend, which shares it, as NCCL shares a CUDA stream, and in Synchronize). An executor
+// that handed results back before synchronizing, or asked this memory to scale or convert, would
+// leave wrong values or an error here.
+class EmulatedDeviceMemory : public kd::TensorMemory {
+ public:
+  explicit EmulatedDeviceMemory(int64_t threshold_bytes)
+      : buffer_(threshold_bytes > 0 ? threshold_bytes + kAlignment : 0) {}
+
+  size_t alignment() const override { return kAlignment; }
+  size_t largest_fused_bytes() const override { return SIZE_MAX; }
+  bool runs_kernels() const override { return false; }
+  bool outputs_view_buffers() const override { return false; }
+  kd::Status OrderAfterFrontEnd(kd::Collective* c) override {
+    if (!c->device.wait_for_framework) return kd::Status::Internal("a device collective without its ordering hook");
+    return c->device.wait_for_framework(this);
+  }
+  kd::Status Copy(void* to, kd::DataType to_type, const void* from, kd::DataType from_type, int64_t count,
+                  double scale, const std::string& name) override {
+    if (to_type != from_type || scale != 1.0) {
+      return kd::Status::Internal("emulated device: asked to convert or scale '" + name + "'");
+    }
+    const size_t bytes = count * kd::DataTypeSize(to_type);
+    enqueued_.push_back([to, from, bytes] { std::memcpy(to, from, bytes); });
+    return kd::Status::OK();
+  }
+  kd::Status Zero(void* data, size_t bytes, const std::string&) override {
+    enqueued_.push_back([data, bytes] { std::memset(data, 0, bytes); });
+    return kd::Status::OK();
+  }
+  kd::FusionBuffer* BufferFor(size_t bytes, std::unique_ptr<kd::FusionBuffer>*, size_t* tried) override {
+    *tried = bytes;
+    return bytes <= buffer_.size() ? &buffer_ : nullptr;
+  }
+  void* Scratch(size_t bytes, const std::string&) override {
+    scratch_.emplace_back(bytes);
+    return scratch_.back().data();
+  }
+  kd::Status Synchronize() override {
+    RunStream();
+    scratch_.clear();
+    return kd::Status::OK();
+  }
+  void RunStream() {
+    for (auto& work : enqueued_) work();
+    enqueued_.clear();
+  }
+
+ private:
+  static constexpr size_t kAlignment = 256;
+  HeapBuffer buffer_;
+  std::vector<std::function<void()>> enqueued_;
+  std::deque<std::vector<char>> scratch_;
+};
+
+// NCCL's part, emulated: the in-process backend behind the device memory's stream, scaling every
+// dtype while it combines (an integer Average divides, as ncclAvg does).
+class EmulatedDeviceBackend : public in_process::Backend {
+ public:
+  EmulatedDeviceBackend(in_process::World* world, int rank, EmulatedDeviceMemory* memory)
+      : in_process::Backend(world, rank), memory_(memory), size_(world->size()) {}
+
+  bool ScalesWhileCombining(kd::DataType) const override { return true; }
+  kd::Status Allreduce(const void* in, void* out, int64_t count, kd::DataType dtype, kd::ReduceOp op, double scale,
+                       const std::string& name) override {
+    memory_->RunStream();
+    kd::Status s = in_process::Backend::Allreduce(in, out, count, dtype, op, IsHalf(dtype) ? scale : 1.0, name);
+    if (s.ok() && !IsHalf(dtype)) Finish(out, count, dtype, op, scale);
+    return s;
+  }
+  kd::Status ReduceScatter(const void* in, void* out, const std::vector<int64_t>& counts, kd::DataType dtype,
+                           kd::ReduceOp op, double scale, const std::string& name) override {
+    memory_->RunStream();
+    kd::Status s = in_process::Backend::ReduceScatter(in, out, counts, dtype, op, IsHalf(dtype) ? scale : 1.0, name);
+    if (s.ok() && !IsHalf(dtype)) Finish(out, counts[rank()], dtype, op, scale);
+    return s;
+  }
+  kd::Status Allgather(const void* in, void* out, const std::vector<int64_t>& counts, kd::DataType dtype,
+                       const std::string& name) override {
+    memory_->RunStream();
+    return in_process::Backend::Allgather(in, out, counts, dtype, name);
+  }
+  kd::Status Broadcast(void* data, int64_t count, kd::DataType dtype, int root, const std::string& name) override {
+    memory_->RunStream();
+    return in_process::Backend::Broadcast(data, count, dtype, root, name);
+  }
+  kd::Status Alltoall(const void* in, const std::vector<int64_t>& send_counts, void* out,
+                      const std::vector<int64_t>& recv_counts, kd::DataType dtype, const std::string& name) override {
+    memory_->RunStream();
+    return in_process::Backend::Alltoall(in, send_counts, out, recv_counts, dtype, name);
+  }
+
+ private:
+  static bool IsHalf(kd::DataType dtype) {
+    return dtype == kd::DataType::kFloat16 || dtype == kd::DataType::kBFloat16;
+  }
+  void Finish(void* out, int64_t count, kd::DataType dtype, kd::ReduceOp op, double scale) const {
+    if (op == kd::ReduceOp::kAverage && !kd::IsFloatingPoint(dtype)) {
+      kd::DivideIntegersInPlace(out, count, dtype, size_);
+    } else {
+      kd::ScaleInPlace(out, count, dtype, scale);
+    }
+  }
+
+  EmulatedDeviceMemory* memory_;
+  const int size_;
+};
+
+kd::DeviceHooks EmulatedDeviceHooks(in_process::World* world, int rank) {
+  kd::DeviceHooks hooks;
+  hooks.check = [](const kd::Request& request, const kd::DeviceTensors&) {
+    for (const kd::TensorSpec& t : request.tensors) {
+      if (t.compressed()) return kd::Status::InvalidArgument("emulated device: no compression");
+    }
+    return kd::Status::OK();
+  };
+  hooks.create = [world, rank](kd::ControlPlane*, kd::Watchdog*, const kd::EngineOptions& options,
+                               std::unique_ptr<kd::Backend>* backend, std::unique_ptr<kd::TensorMemory>* memory) {
+    auto device = std::make_unique<EmulatedDeviceMemory>(options.fusion_threshold_bytes);
+    *backend = std::make_unique<EmulatedDeviceBackend>(world, rank, device.get());
+    *memory = std::move(device);
+    return kd::Status::OK();
+  };
+  return hooks;
+}
+
+// One rank: its engine, and calls that wait for their result as the C API's do, on host tensors
+// or (after OnDevice) on the emulated device's.
 class Rank {
  public:
   Rank(in_process::World* world, int rank, const kd::EngineOptions& options) : rank_(rank) {
     engine_.SetFusionBufferFactory([](size_t bytes) { return std::make_unique<HeapBuffer>(bytes); });
+    engine_.SetDeviceHooks(EmulatedDeviceHooks(world, rank));
     const kd::Status started = engine_.Start(options, [world, rank](const kd::EngineOptions&, kd::Transport* t) {
       *t = world->TransportFor(rank);
       return kd::Status::OK();
@@ -59,15 +196,23 @@ class Rank {
   ~Rank() { engine_.Shutdown(); }
 
   int rank() const { return rank_; }
+  void OnDevice(bool on_device) { on_device_ = on_device; }
+  bool on_device() const { return on_device_; }
+  int orderings() const { return orderings_; }
+  const char* where() const { return on_device_ ? " on the device" : " on the host"; }
 
-  // Allreduces `tensors` (float32 or float64 `dtype`, travelling as `wire`) as one group, in place.
+  // Allreduces `tensors` (of `dtype`, travelling as `wire`) as one group, in place; the result
+  // once `Wait` returns. `prescale`/`postscale` as the request's.
   template <typename T>
-  kd::Status GroupedAllreduce(const std::string& name, std::vector<std::vector<T>>* tensors, kd::DataType dtype,
-                              kd::ReduceOp op, kd::DataType wire) {
+  std::future<kd::Status> StartGroupedAllreduce(const std::string& name, std::vector<std::vector<T>>* tensors,
+                                                kd::DataType dtype, kd::ReduceOp op, kd::DataType wire,
+                                                double prescale = 1.0, double postscale = 1.0) {
     kd::Request request;
     request.name = name;
     request.kind = kd::OpKind::kAllreduce;
     request.reduce_op = op;
+    request.prescale = prescale;
+    request.postscale = postscale;
     std::vector<const void*> inputs;
     for (auto& t : *tensors) {
       kd::TensorSpec spec;
@@ -81,11 +226,20 @@ class Rank {
       *data = (*tensors)[index].data();
       return kd::Status::OK();
     };
-    kd::AliasFn alias = [tensors](int index, kd::FusionBuffer* buffer, size_t offset, const kd::Shape& shape) {
+    const bool on_device = on_device_;
+    const int rank = rank_;
+    kd::AliasFn alias = [tensors, on_device, rank](int index, kd::FusionBuffer* buffer, size_t offset,
+                                                   const kd::Shape& shape) {
+      Check(rank, !on_device, "a device output was made a view of a fusion buffer");
       std::memcpy((*tensors)[index].data(), buffer->data() + offset, kd::NumElements(shape) * sizeof(T));
       return kd::Status::OK();
     };
-    return Run(std::move(request), std::move(inputs), {}, std::move(allocate), std::move(alias));
+    return Submit(std::move(request), std::move(inputs), {}, std::move(allocate), std::move(alias));
+  }
+  template <typename T>
+  kd::Status GroupedAllreduce(const std::string& name, std::vector<std::vector<T>>* tensors, kd::DataType dtype,
+                              kd::ReduceOp op, kd::DataType wire) {
+    return StartGroupedAllreduce(name, tensors, dtype, op, wire).get();
   }
 
   kd::Status Broadcast(const std::string& name, std::vector<int64_t>* data, int root) {
@@ -94,7 +248,7 @@ class Rank {
     request.kind = kd::OpKind::kBroadcast;
     request.root_rank = root;
     request.tensors.push_back({kd::DataType::kInt64, {static_cast<int64_t>(data->size())}, kd::DataType::kInt64});
-    return Run(std::move(request), {data->data()}, {data->data()}, nullptr, nullptr);
+    return Submit(std::move(request), {data->data()}, {data->data()}, nullptr, nullptr).get();
   }
 
   kd::Status Allgather(const std::string& name, const std::vector<double>& rows_of_two, std::vector<double>* out) {
@@ -108,21 +262,70 @@ class Rank {
       *data = out->data();
       return kd::Status::OK();
     };
-    return Run(std::move(request), {rows_of_two.data()}, {}, std::move(allocate), nullptr);
+    return Submit(std::move(request), {rows_of_two.data()}, {}, std::move(allocate), nullptr).get();
+  }
+
+  // Rows of two values, this rank's share of them reduced with `op` and scaled into `out`.
+  kd::Status Reducescatter(const std::string& name, const std::vector<double>& rows_of_two, kd::ReduceOp op,
+                           double postscale, std::vector<double>* out) {
+    kd::Request request;
+    request.name = name;
+    request.kind = kd::OpKind::kReducescatter;
+    request.reduce_op = op;
+    request.postscale = postscale;
+    const int64_t rows = static_cast<int64_t>(rows_of_two.size() / 2), size = kRanks;
+    request.tensors.push_back({kd::DataType::kFloat64, {rows, 2}, kd::DataType::kFloat64});
+    out->assign(2 * (rows / size + (rank_ < rows % size ? 1 : 0)), 0.0);  // as the kernel allocates it
+    return Submit(std::move(request), {rows_of_two.data()}, {out->data()}, nullptr, nullptr).get();
+  }
+
+  // `splits[r]` rows of two values to rank r; what arrives in `out`, and from whom, in `received`.
+  kd::Status Alltoall(const std::string& name, const std::vector<double>& rows_of_two,
+                      const std::vector<int64_t>& splits, std::vector<double>* out, std::vector<int32_t>* received) {
+    kd::Request request;
+    request.name = name;
+    request.kind = kd::OpKind::kAlltoall;
+    request.splits = splits;
+    request.tensors.push_back(
+        {kd::DataType::kFloat64, {static_cast<int64_t>(rows_of_two.size() / 2), 2}, kd::DataType::kFloat64});
+    kd::AllocateFn allocate = [out, received](int index, const kd::Shape& shape, void** data) {
+      if (index == 0) {
+        out->resize(kd::NumElements(shape));
+        *data = out->data();
+      } else {
+        received->resize(kd::NumElements(shape));
+        *data = received->data();
+      }
+      return kd::Status::OK();
+    };
+    return Submit(std::move(request), {rows_of_two.data()}, {}, std::move(allocate), nullptr).get();
   }
 
  private:
-  kd::Status Run(kd::Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
-                 kd::AllocateFn allocate, kd::AliasFn alias) {
+  std::future<kd::Status> Submit(kd::Request request, std::vector<const void*> inputs, std::vector<void*> outputs,
+                                 kd::AllocateFn allocate, kd::AliasFn alias) {
     request.blocking = true;
-    std::promise<kd::Status> finished;
-    std::future<kd::Status> result = finished.get_future();
-    kd::Status status = engine_.Enqueue(std::move(request), std::move(inputs), std::move(outputs), std::move(allocate),
-                                        std::move(alias), [&finished](const kd::Status& s) { finished.set_value(s); });
-    return status.ok() ? result.get() : status;
+    auto finished = std::make_shared<std::promise<kd::Status>>();
+    std::future<kd::Status> result = finished->get_future();
+    kd::DeviceTensors device;
+    if (on_device_) {
+      request.device = kd::Device::kGpu;
+      device.ordinal = 0;
+      device.wait_for_framework = [this](void*) {
+        ++orderings_;
+        return kd::Status::OK();
+      };
+    }
+    kd::Status status = engine_.Enqueue(std::move(request), std::move(inputs), std::move(outputs),
+                                        std::move(allocate), std::move(alias),
+                                        [finished](const kd::Status& s) { finished->set_value(s); }, device);
+    if (!status.ok()) finished->set_value(status);
+    return result;
   }
 
   const int rank_;
+  bool on_device_ = false;
+  std::atomic<int> orderings_{0};  // calls of the device's ordering hook
   kd::Engine engine_;
 };
 
@@ -140,7 +343,7 @@ void CheckAllreduces(Rank& me, kd::DataType dtype, kd::DataType wire, const char
         tensors.emplace_back(sizes[t]);
         for (int64_t i = 0; i < sizes[t]; ++i) tensors[t][i] = static_cast<T>(Local(me.rank(), t, i, call));
       }
-      const std::string name = std::string(label) + "/" + kd::ReduceOpName(op);
+      const std::string name = std::string(label) + me.where() + "/" + kd::ReduceOpName(op);
       const kd::Status s = me.GroupedAllreduce(name, &tensors, dtype, op, wire);
       Check(me.rank(), s.ok(), name + ": " + s.message);
       if (!s.ok()) return;
@@ -168,21 +371,108 @@ void CheckAllreduces(Rank& me, kd::DataType dtype, kd::DataType wire, const char
 void CheckBroadcastAndAllgather(Rank& me) {
   std::vector<int64_t> data(100);
   for (int i = 0; i < 100; ++i) data[i] = 1000 * me.rank() + i;
-  kd::Status s = me.Broadcast("broadcast from 1", &data, 1);
+  kd::Status s = me.Broadcast(std::string("broadcast from 1") + me.where(), &data, 1);
   bool right = s.ok();
   for (int i = 0; i < 100; ++i) right = right && data[i] == 1000 + i;
-  Check(me.rank(), right, "broadcast from rank 1: " + s.message);
+  Check(me.rank(), right, std::string("broadcast from rank 1") + me.where() + ": " + s.message);
 
   // Rank r sends r + 1 rows of two values: (r, row).
   std::vector<double> mine;
   for (int row = 0; row <= me.rank(); ++row) mine.insert(mine.end(), {double(me.rank()), double(row)});
   std::vector<double> gathered;
-  s = me.Allgather("allgather of unequal rows", mine, &gathered);
+  s = me.Allgather(std::string("allgather of unequal rows") + me.where(), mine, &gathered);
   std::vector<double> expected;
   for (int r = 0; r < kRanks; ++r) {
     for (int row = 0; row <= r; ++row) expected.insert(expected.end(), {double(r), double(row)});
   }
-  Check(me.rank(), s.ok() && gathered == expected, "allgather of unequal rows: " + s.message);
+  Check(me.rank(), s.ok() && gathered == expected,
+        std::string("allgather of unequal rows") + me.where() + ": " + s.message);
+}
+
+// Requests scaled differently, in flight together (mostly one cycle): fused where they may be,
+// never with a tensor scaled otherwise. Without kernels, each group's scale is the backend's.
+void CheckScaledAllreduces(Rank& me) {
+  struct Case {
+    const char* name;
+    kd::ReduceOp op;
+    double prescale, postscale;
+  };
+  const std::vector<Case> cases = {{"sum times 2", kd::ReduceOp::kSum, 1.0, 2.0},
+                                   {"sum prescaled by 0.5", kd::ReduceOp::kSum, 0.5, 1.0},
+                                   {"average", kd::ReduceOp::kAverage, 1.0, 1.0},
+                                   {"average times 3", kd::ReduceOp::kAverage, 1.0, 3.0},
+                                   {"plain sum", kd::ReduceOp::kSum, 1.0, 1.0}};
+  const std::vector<int64_t> sizes = {3, 700};
+  std::vector<std::vector<std::vector<double>>> tensors(cases.size());
+  std::vector<std::vector<int64_t>> integers(1, std::vector<int64_t>(5));
+  std::vector<std::future<kd::Status>> results;
+  for (size_t k = 0; k < cases.size(); ++k) {
+    for (size_t t = 0; t < sizes.size(); ++t) {
+      tensors[k].emplace_back(sizes[t]);
+      for (int64_t i = 0; i < sizes[t]; ++i) tensors[k][t][i] = Local(me.rank(), t, i, k);
+    }
+    results.push_back(me.StartGroupedAllreduce(cases[k].name + std::string(me.where()), &tensors[k],
+                                               kd::DataType::kFloat64, cases[k].op, kd::DataType::kFloat64,
+                                               cases[k].prescale, cases[k].postscale));
+  }
+  for (int64_t i = 0; i < 5; ++i) integers[0][i] = Local(me.rank(), 0, i, 0);
+  auto integer_result = me.StartGroupedAllreduce(std::string("integer average") + me.where(), &integers,
+                                                 kd::DataType::kInt64, kd::ReduceOp::kAverage, kd::DataType::kInt64);
+  for (size_t k = 0; k < cases.size(); ++k) {
+    const kd::Status s = results[k].get();
+    int wrong = 0;
+    for (size_t t = 0; s.ok() && t < sizes.size(); ++t) {
+      for (int64_t i = 0; i < sizes[t]; ++i) {
+        double expected = 0;
+        for (int r = 0; r < kRanks; ++r) expected += Local(r, t, i, k);
+        expected *= cases[k].prescale * cases[k].postscale / (cases[k].op == kd::ReduceOp::kAverage ? kRanks : 1);
+        if (std::fabs(tensors[k][t][i] - expected) > 1e-12 * std::max(1.0, std::fabs(expected))) ++wrong;
+      }
+    }
+    Check(me.rank(), s.ok() && wrong == 0,
+          cases[k].name + std::string(me.where()) + ": " + std::to_string(wrong) + " wrong " + s.message);
+  }
+  const kd::Status s = integer_result.get();
+  bool right = s.ok();
+  for (int64_t i = 0; i < 5; ++i) {
+    int64_t sum = 0;
+    for (int r = 0; r < kRanks; ++r) sum += static_cast<int64_t>(Local(r, 0, i, 0));
+    right = right && integers[0][i] == sum / kRanks;  // truncated toward zero, as C and TensorFlow do
+  }
+  Check(me.rank(), right, std::string("integer average") + me.where() + ": " + s.message);
+}
+
+void CheckReducescatterAndAlltoall(Rank& me) {
+  // 7 rows of (row + rank, -row): ranks take 3, 2, 2 rows of the Average, times 3.
+  std::vector<double> rows;
+  for (int row = 0; row < 7; ++row) rows.insert(rows.end(), {double(row + me.rank()), double(-row)});
+  std::vector<double> mine;
+  kd::Status s = me.Reducescatter(std::string("reducescatter") + me.where(), rows, kd::ReduceOp::kAverage, 3.0, &mine);
+  const int first = me.rank() == 0 ? 0 : me.rank() == 1 ? 3 : 5;
+  std::vector<double> expected;
+  for (int row = first; row < first + static_cast<int>(mine.size() / 2); ++row) {
+    expected.insert(expected.end(), {3.0 * (row + 1.0), -3.0 * row});  // the mean of row + r over r = 0, 1, 2
+  }
+  Check(me.rank(), s.ok() && mine.size() == (me.rank() == 0 ? 6u : 4u) && mine == expected,
+        std::string("reducescatter") + me.where() + ": " + s.message);
+
+  // Rank r sends d + 1 rows of (r, d) to rank d; rank d receives d + 1 rows from each, in rank order.
+  std::vector<double> sent;
+  std::vector<int64_t> splits;
+  for (int d = 0; d < kRanks; ++d) {
+    splits.push_back(d + 1);
+    for (int row = 0; row <= d; ++row) sent.insert(sent.end(), {double(me.rank()), double(d)});
+  }
+  std::vector<double> received;
+  std::vector<int32_t> received_rows;
+  s = me.Alltoall(std::string("alltoall") + me.where(), sent, splits, &received, &received_rows);
+  std::vector<double> expected_received;
+  for (int r = 0; r < kRanks; ++r) {
+    for (int row = 0; row <= me.rank(); ++row) expected_received.insert(expected_received.end(), {double(r), double(me.rank())});
+  }
+  Check(me.rank(),
+        s.ok() && received == expected_received && received_rows == std::vector<int32_t>(kRanks, me.rank() + 1),
+        std::string("alltoall") + me.where() + ": " + s.message);
 }
 
 void CheckAMismatchFailsOnEveryRank(Rank& me) {
@@ -209,11 +499,17 @@ void RunJob(int64_t fusion_threshold_bytes) {
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&world, &options, r] {
       Rank me(&world, r, options);
-      CheckAllreduces<float>(me, kd::DataType::kFloat32, kd::DataType::kFloat32, "float32");
-      CheckAllreduces<double>(me, kd::DataType::kFloat64, kd::DataType::kFloat64, "float64");
-      CheckAllreduces<float>(me, kd::DataType::kFloat32, kd::DataType::kBFloat16, "float32 as bfloat16");
-      CheckBroadcastAndAllgather(me);
-      CheckAMismatchFailsOnEveryRank(me);
+      for (bool on_device : {false, true}) {
+        me.OnDevice(on_device);
+        CheckAllreduces<float>(me, kd::DataType::kFloat32, kd::DataType::kFloat32, "float32");
+        CheckAllreduces<double>(me, kd::DataType::kFloat64, kd::DataType::kFloat64, "float64");
+        if (!on_device) CheckAllreduces<float>(me, kd::DataType::kFloat32, kd::DataType::kBFloat16, "float32 as bfloat16");
+        CheckScaledAllreduces(me);
+        CheckBroadcastAndAllgather(me);
+        CheckReducescatterAndAlltoall(me);
+        CheckAMismatchFailsOnEveryRank(me);
+      }
+      Check(r, me.orderings() > 0, "the device collectives never ordered themselves after the front end");
     });  // ~Rank shuts its engine down, with the others
   }
   for (auto& t : threads) t.join();

@@ -202,6 +202,7 @@ class ControlPlane : public kd::ControlPlane {
 class Backend : public kd::Backend {
  public:
   Backend(World* world, int rank) : world_(world), rank_(rank) {}
+  int rank() const { return rank_; }
 
   bool ScalesWhileCombining(kd::DataType dtype) const override { return IsHalf(dtype); }
 

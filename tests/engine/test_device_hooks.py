@@ -1,5 +1,5 @@
 """The engine's routing of GPU collectives, without a GPU: device_hooks_test.cc registers a
-stand-in executor (host memory, MPI) through DeviceHooks and checks, at 2 and 3 ranks, that the
+stand-in device (MPI over host memory) through DeviceHooks and checks, at 2 and 3 ranks, that the
 device is negotiated, GPU requests reach the executor and CPU ones do not, and refusals fail
 every rank. The NCCL executor itself needs a GPU: benchmarks/gpu_check.py is its check."""
 

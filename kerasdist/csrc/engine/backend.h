@@ -1,7 +1,7 @@
 // How a negotiated collective moves data between ranks: the data half of a Transport
 // (control_plane.h). The engine decides what runs, in what order and fused how (the same on every
 // rank); a backend only runs one collective on the buffers it is given. MpiBackend moves host
-// memory in every job; NcclBackend moves device memory for the NCCL build's DeviceExecutor.
+// memory in every job; NcclBackend moves device memory in the NCCL build (over CudaMemory).
 #pragma once
 
 #include <cstdint>

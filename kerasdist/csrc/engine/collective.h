@@ -46,9 +46,4 @@ struct Collective {
   void FinishOutput(int index, void* out, int64_t count) const;
 };
 
-// Memory to stand in for an output the front end could not allocate after negotiation: this
-// rank still takes part in the collective, or the other ranks would wait inside it for ever,
-// and drops the result. Ends the job if even that memory cannot be had.
-void* StandInOutput(size_t bytes, std::vector<char>* memory, const std::string& name);
-
 }  // namespace kerasdist

@@ -1,9 +1,8 @@
 #include "engine.h"
 
 #include <algorithm>
-#include <cstring>
 
-#include "kernels.h"
+#include "host_memory.h"
 #include "wire.h"
 
 namespace kerasdist {
@@ -20,12 +19,6 @@ constexpr uint64_t kAllWaiting = 4;
 // once one rank waits in an eager call, the others' graphs can only finish with it, so nobody can.
 constexpr uint64_t kNobodyBlockedEagerly = 8;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
-
-int64_t RowElements(const Shape& shape) {  // values in one row: the product of every dim but the first
-  int64_t n = 1;
-  for (size_t i = 1; i < shape.size(); ++i) n *= shape[i];
-  return n;
-}
 
 }  // namespace
 
@@ -63,8 +56,10 @@ Status Engine::Start(const EngineOptions& options, const TransportFactory& make_
   if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, options_, &cache_);
   stall_inspector_ = std::make_unique<StallInspector>(control_plane_.get(), options_);
   watchdog_ = std::make_unique<Watchdog>(options_.collective_timeout_s, stall_inspector_->RankAndHost(rank_));
-  backend_ = std::make_unique<WatchedBackend>(std::move(transport.backend), watchdog_.get());
-  fusion_ = std::make_unique<Fusion>(options_, backend_.get(), &timeline_, &phases_, fusion_buffer_factory_);
+  Status executes = MakeExecutor(std::move(transport.backend),
+                                 std::make_unique<HostMemory>(options_.fusion_threshold_bytes, fusion_buffer_factory_),
+                                 &host_executor_);
+  if (!executes.ok()) return executes;
   if (rank_ == 0 && !options_.timeline_path.empty() && !timeline_.Open(options_.timeline_path)) {
     Log(2, "cannot write the timeline to '%s'; continuing without it", options_.timeline_path.c_str());
   }
@@ -443,10 +438,10 @@ std::unique_ptr<Collective> Engine::ZeroCollective(const Response& response) {
   e->enqueued = Clock::now();
   std::vector<size_t> offsets{0};
   for (const auto& t : e->request.tensors) {
-    offsets.push_back(offsets.back() + AlignedBytes(NumElements(t.shape) * DataTypeSize(t.dtype)));
+    offsets.push_back(offsets.back() + RoundedUp(NumElements(t.shape) * DataTypeSize(t.dtype), HostMemory::kFusedAlignment));
   }
-  e->zero_input.assign(offsets.back() + kFusedAlignment, 0);
-  e->zero_output.assign(offsets.back() + kFusedAlignment, 0);
+  e->zero_input.assign(offsets.back() + HostMemory::kFusedAlignment, 0);
+  e->zero_output.assign(offsets.back() + HostMemory::kFusedAlignment, 0);
   for (size_t t = 0; t < e->request.tensors.size(); ++t) e->inputs.push_back(e->zero_input.data() + offsets[t]);
   Collective* self = e.get();
   e->allocate = [self, offsets](int index, const Shape&, void** data) {
@@ -459,139 +454,55 @@ std::unique_ptr<Collective> Engine::ZeroCollective(const Response& response) {
 }
 
 void Engine::Execute(std::vector<Ready>& ready) {
-  // Allreduces first (they fuse), then the rest; the order is the same on every rank.
-  std::vector<Collective*> allreduces;
-  std::vector<Ready*> others, on_device;
+  Executor::Ready on_host, on_device;
   for (Ready& r : ready) {
     Collective* c = r.collective;
     c->contributors = r.response.contributors > 0 ? r.response.contributors : size_;
     if (timeline_.enabled()) timeline_.Phase(c->request.name, "queued", c->enqueued, r.negotiated);
-    if (c->request.device == Device::kGpu && r.response.status.ok()) {
-      on_device.push_back(&r);
-    } else if (c->request.kind == OpKind::kAllreduce && r.response.status.ok()) {
-      allreduces.push_back(c);
-    } else {
-      others.push_back(&r);
-    }
-  }
-  fusion_->Run(allreduces);
-  for (Collective* c : allreduces) Finish(c, c->status);
-  if (!on_device.empty()) ExecuteOnDevice(on_device);
-  for (Ready* r : others) {
-    Collective* c = r->collective;
-    Status status = r->response.status;
-    if (status.ok()) {
-      phases_.Charge(Phase::kOther);
-      auto start = Clock::now();
-      switch (c->request.kind) {
-        case OpKind::kAllgather: status = RunAllgather(c, r->response); break;
-        case OpKind::kBroadcast: status = RunBroadcast(c); break;
-        case OpKind::kReducescatter: status = RunReducescatter(c); break;
-        case OpKind::kAlltoall: status = RunAlltoall(c, r->response); break;
-        case OpKind::kJoin: {
-          *static_cast<int32_t*>(c->outputs[0]) = r->response.last_joined_rank;
-          std::lock_guard<std::mutex> lock(executions_mu_);
-          executions_.clear();  // every rank is between its steps, in join: the counts start alike
-          break;
-        }
-        case OpKind::kAllreduce: break;
+    if (!r.response.status.ok()) {
+      Finish(c, r.response.status);
+    } else if (c->request.kind == OpKind::kJoin) {
+      *static_cast<int32_t*>(c->outputs[0]) = r.response.last_joined_rank;
+      {
+        std::lock_guard<std::mutex> lock(executions_mu_);
+        executions_.clear();  // every rank is between its steps, in join: the counts start alike
       }
-      phases_.Charge(Phase::kTransfer);  // with the output's allocation, for these kinds
-      if (timeline_.enabled()) timeline_.Phase(c->request.name, OpKindName(c->request.kind), start, Clock::now());
+      Finish(c, Status::OK());
+    } else {
+      (c->request.device == Device::kGpu ? on_device : on_host).push_back({c, &r.response});
     }
-    Finish(c, status);
   }
+  // The same partition, in the same order, on every rank.
+  if (!on_host.empty()) host_executor_->Run(on_host, [this](Collective* c) { Finish(c, c->status); });
+  if (!on_device.empty()) ExecuteOnDevice(on_device);
 }
 
-void Engine::ExecuteOnDevice(const std::vector<Ready*>& ready) {
+Status Engine::MakeExecutor(std::unique_ptr<Backend> backend, std::unique_ptr<TensorMemory> memory,
+                            std::unique_ptr<Executor>* executor) {
+  if (!backend || !memory) return Status::Internal("kerasdist: a transport or device hook made no backend or memory");
+  Status pairs = Executor::CheckPairing(*backend, *memory);
+  if (!pairs.ok()) return pairs;
+  *executor = std::make_unique<Executor>(rank_, size_, options_.fusion_threshold_bytes,
+                                         std::make_unique<WatchedBackend>(std::move(backend), watchdog_.get()),
+                                         std::move(memory), watchdog_.get(), &timeline_, &phases_);
+  return Status::OK();
+}
+
+void Engine::ExecuteOnDevice(const Executor::Ready& ready) {
   Status created;
   if (!device_executor_) {
     // Requests on a GPU pass CheckLocally only where the hooks exist, and every rank runs the
     // same library, so every rank gets here in this cycle.
-    created = device_hooks_.create(control_plane_.get(), watchdog_.get(), &timeline_, options_, &device_executor_);
-    if (created.ok() && !device_executor_) created = Status::Internal("kerasdist: no device executor was created");
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<TensorMemory> memory;
+    created = device_hooks_.create(control_plane_.get(), watchdog_.get(), options_, &backend, &memory);
+    if (created.ok()) created = MakeExecutor(std::move(backend), std::move(memory), &device_executor_);
   }
-  if (created.ok()) {
-    std::vector<std::pair<Collective*, const Response*>> run;
-    for (Ready* r : ready) run.push_back({r->collective, &r->response});
-    phases_.Charge(Phase::kOther);
-    device_executor_->Run(run);  // its copies and calls together
-    phases_.Charge(Phase::kTransfer);
+  if (!created.ok()) {
+    for (auto& [c, r] : ready) Finish(c, created);
+    return;
   }
-  for (Ready* r : ready) Finish(r->collective, created.ok() ? r->collective->status : created);
-}
-
-Status Engine::RunAllgather(Collective* c, const Response& r) {
-  const TensorSpec& spec = c->request.tensors[0];
-  const int64_t row = RowElements(spec.shape);
-  Shape out_shape = spec.shape;
-  out_shape[0] = 0;
-  std::vector<int64_t> counts(size_);
-  for (int i = 0; i < size_; ++i) {
-    out_shape[0] += r.rank_rows[i];
-    counts[i] = r.rank_rows[i] * row;
-  }
-  void* out = nullptr;
-  const Status allocated = c->allocate(0, out_shape, &out);
-  std::vector<char> stand_in;
-  if (!allocated.ok()) out = StandInOutput(NumElements(out_shape) * DataTypeSize(spec.dtype), &stand_in, c->request.name);
-  Status s = backend_->Allgather(c->inputs[0], out, counts, spec.dtype, c->request.name);
-  return allocated.ok() ? s : allocated;
-}
-
-Status Engine::RunBroadcast(Collective* c) {
-  const TensorSpec& spec = c->request.tensors[0];
-  const int64_t count = NumElements(spec.shape);
-  if (rank_ == c->request.root_rank && c->inputs[0] != c->outputs[0]) {
-    std::memcpy(c->outputs[0], c->inputs[0], count * DataTypeSize(spec.dtype));
-  }
-  return backend_->Broadcast(c->outputs[0], count, spec.dtype, c->request.root_rank, c->request.name);
-}
-
-Status Engine::RunReducescatter(Collective* c) {
-  const TensorSpec& spec = c->request.tensors[0];
-  const int64_t rows = spec.shape[0], row = RowElements(spec.shape);
-  std::vector<int64_t> counts(size_);
-  for (int i = 0; i < size_; ++i) counts[i] = (rows / size_ + (i < rows % size_ ? 1 : 0)) * row;
-  const void* in = c->inputs[0];
-  std::vector<char> scaled;
-  if (c->request.prescale != 1.0) {
-    scaled.resize(NumElements(spec.shape) * DataTypeSize(spec.dtype));
-    ScaledCopy(scaled.data(), in, NumElements(spec.shape), spec.dtype, c->request.prescale);
-    in = scaled.data();
-  }
-  const bool scaled_while_combined = backend_->ScalesWhileCombining(spec.dtype);
-  Status s = backend_->ReduceScatter(in, c->outputs[0], counts, spec.dtype, c->request.reduce_op,
-                                     scaled_while_combined ? c->FinishScale(spec.dtype) : 1.0, c->request.name);
-  if (s.ok() && !scaled_while_combined) c->FinishOutput(0, c->outputs[0], counts[rank_]);
-  return s;
-}
-
-Status Engine::RunAlltoall(Collective* c, const Response& r) {
-  const TensorSpec& spec = c->request.tensors[0];
-  const int64_t row = RowElements(spec.shape);
-  std::vector<int64_t> send(size_), recv(size_);
-  Shape out_shape = spec.shape;
-  out_shape[0] = 0;
-  for (int i = 0; i < size_; ++i) {
-    send[i] = r.alltoall_rows[rank_ * size_ + i] * row;
-    recv[i] = r.alltoall_rows[i * size_ + rank_] * row;
-    out_shape[0] += r.alltoall_rows[i * size_ + rank_];
-  }
-  void* out = nullptr;
-  void* splits_out = nullptr;
-  Status allocated = c->allocate(0, out_shape, &out);
-  if (allocated.ok()) allocated = c->allocate(1, Shape{size_}, &splits_out);
-  std::vector<char> stand_in;
-  if (!allocated.ok()) {
-    out = StandInOutput(NumElements(out_shape) * DataTypeSize(spec.dtype), &stand_in, c->request.name);
-  } else {
-    for (int i = 0; i < size_; ++i) {
-      static_cast<int32_t*>(splits_out)[i] = static_cast<int32_t>(r.alltoall_rows[i * size_ + rank_]);
-    }
-  }
-  Status s = backend_->Alltoall(c->inputs[0], send, out, recv, spec.dtype, c->request.name);
-  return allocated.ok() ? s : allocated;
+  device_executor_->Run(ready, [this](Collective* c) { Finish(c, c->status); });
 }
 
 void Engine::Finish(Collective* e, const Status& status) {

@@ -12,10 +12,11 @@
 //
 // The engine runs the cycle and owns the pending collectives; its parts have one job each:
 // Coordinator (rank 0's validation and ordering), ResponseCache (the fast path's slots),
-// StallInspector (what a long wait for peers reports), Fusion (packing allreduces into
-// buffers) and a Watchdog (ending the job when agreed data movement stops). Where bytes go is a
-// Transport's (control_plane.h): its ControlPlane carries negotiation, its Backend moves host
-// tensors (MPI for both in every job, MakeMpiTransport).
+// StallInspector (what a long wait for peers reports), an Executor per memory (running what was
+// agreed, allreduces fused; host tensors, and device tensors in a build with a device API) and a
+// Watchdog (ending the job when agreed data movement stops). Where bytes go is a Transport's
+// (control_plane.h): its ControlPlane carries negotiation, its Backend moves host tensors (MPI
+// for both in every job, MakeMpiTransport).
 #pragma once
 
 #include <atomic>
@@ -33,8 +34,8 @@
 #include "common.h"
 #include "control_plane.h"
 #include "coordinator.h"
-#include "device_executor.h"
-#include "fusion.h"
+#include "device_hooks.h"
+#include "executor.h"
 #include "phase_clock.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
@@ -102,12 +103,11 @@ class Engine {
   // A joined rank's stand-in for `response`, which it runs with zeros.
   std::unique_ptr<Collective> ZeroCollective(const Response& response);
   void Execute(std::vector<Ready>& ready);
-  // Runs the cycle's device collectives, creating the executor on first use.
-  void ExecuteOnDevice(const std::vector<Ready*>& ready);
-  Status RunAllgather(Collective* c, const Response& r);
-  Status RunBroadcast(Collective* c);
-  Status RunReducescatter(Collective* c);
-  Status RunAlltoall(Collective* c, const Response& r);
+  // Runs the cycle's device collectives, creating their executor on first use.
+  void ExecuteOnDevice(const Executor::Ready& ready);
+  // An executor over `backend` (watched from here on) and `memory`.
+  Status MakeExecutor(std::unique_ptr<Backend> backend, std::unique_ptr<TensorMemory> memory,
+                      std::unique_ptr<Executor>* executor);
   void Finish(Collective* c, const Status& status);
   // Every later call fails with `reason`; what is pending fails with `pending_status`.
   void Stop(const Status& reason, const Status& pending_status);
@@ -137,11 +137,10 @@ class Engine {
   std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<StallInspector> stall_inspector_;
   std::unique_ptr<Watchdog> watchdog_;
-  std::unique_ptr<Backend> backend_;  // the transport's, watched by watchdog_
-  std::unique_ptr<Fusion> fusion_;
+  std::unique_ptr<Executor> host_executor_;  // the transport's backend over HostMemory
   FusionBufferFactory fusion_buffer_factory_;
   DeviceHooks device_hooks_;
-  std::unique_ptr<DeviceExecutor> device_executor_;  // created by the first device collective
+  std::unique_ptr<Executor> device_executor_;  // created by the first device collective
   std::atomic<bool> timed_out_{false};
   Timeline timeline_;
   PhaseClock phases_;  // charged by the engine thread

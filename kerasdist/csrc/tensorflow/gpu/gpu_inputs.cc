@@ -9,7 +9,7 @@
 #include "xla/stream_executor/stream_executor.h"
 
 #include "../../engine/engine.h"
-#include "../../nccl/nccl_executor.h"
+#include "../../nccl/nccl_device.h"
 
 namespace kerasdist {
 namespace {
