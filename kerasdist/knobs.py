@@ -139,6 +139,18 @@ KNOBS = (
         to_engine=repr,
     ),
     Knob(
+        "fusion_tuning",
+        "KERASDIST_FUSION_TUNING",
+        "--fusion-tuning",
+        "auto",
+        _one_of(AUTO_OR_OFF),
+        "auto: rank 0 times the first fused steps with the fusion threshold and with calls of at most "
+        "1 MiB (faster over slow links), and every rank keeps the faster; off: always the threshold",
+        metavar="MODE",
+        flag_to_text=str.lower,
+        to_engine=lambda mode: "1" if mode == "auto" else "0",
+    ),
+    Knob(
         "bucket_bytes",
         "KERASDIST_BUCKET_BYTES",
         "--bucket-mb",

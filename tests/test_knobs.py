@@ -79,9 +79,13 @@ def test_the_launcher_refuses_what_init_refuses_from_the_environment(variable, v
 
 @pytest.mark.parametrize("knob", KNOBS, ids=lambda knob: knob.flag)
 def test_every_knob_has_a_flag_that_sets_its_variable_on_every_rank(knob, capsys):
-    text = {"timeline_path": "/tmp/trace.json", "log_level": "INFO", "tf_threads": "off", "malloc": "off"}.get(
-        knob.field, "7"
-    )
+    text = {
+        "timeline_path": "/tmp/trace.json",
+        "log_level": "INFO",
+        "tf_threads": "off",
+        "malloc": "off",
+        "fusion_tuning": "off",
+    }.get(knob.field, "7")
     status = launcher.main(
         ["-np", "2", "--dry-run", knob.flag, text, "python", "t.py"], environ={"KERASDIST_MPI_FLAVOUR": "mpich"}
     )

@@ -7,12 +7,14 @@
 // program computes itself, on host and device tensors: grouped allreduces (fused, in small
 // buffers and unfused; first calls and cached ones), requests scaled differently in one cycle,
 // an integer Average, 16-bit compression (host), broadcast, allgather of unequal rows,
-// reducescatter, alltoall, a mismatched shape failing on every rank, and a rank that never
-// submits named by the others' stall timeout. No MPI call is made.
+// reducescatter, alltoall, a mismatched shape failing on every rank, a rank that never submits
+// named by the others' stall timeout, and fusion tuning picking the threshold each of two
+// emulated links runs faster, on every rank alike. No MPI call is made.
 // tests/engine/test_in_process.py builds and runs it; prints one line per failed check and exits
 // non-zero if any failed.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "fusion_tuner.h"
 #include "in_process_transport.h"
 #include "kernels.h"
 
@@ -184,13 +187,18 @@ kd::DeviceHooks EmulatedDeviceHooks(in_process::World* world, int rank) {
 // or (after OnDevice) on the emulated device's.
 class Rank {
  public:
-  Rank(in_process::World* world, int rank, const kd::EngineOptions& options) : rank_(rank) {
+  // `backend`, when given, moves the host tensors instead of the in-process transport's own.
+  Rank(in_process::World* world, int rank, const kd::EngineOptions& options,
+       std::unique_ptr<kd::Backend> backend = nullptr)
+      : rank_(rank) {
     engine_.SetFusionBufferFactory([](size_t bytes) { return std::make_unique<HeapBuffer>(bytes); });
     engine_.SetDeviceHooks(EmulatedDeviceHooks(world, rank));
-    const kd::Status started = engine_.Start(options, [world, rank](const kd::EngineOptions&, kd::Transport* t) {
-      *t = world->TransportFor(rank);
-      return kd::Status::OK();
-    });
+    const kd::Status started =
+        engine_.Start(options, [world, rank, &backend](const kd::EngineOptions&, kd::Transport* t) {
+          *t = world->TransportFor(rank);
+          if (backend) t->backend = std::move(backend);
+          return kd::Status::OK();
+        });
     Check(rank, started.ok(), "Start: " + started.message);
   }
   ~Rank() { engine_.Shutdown(); }
@@ -550,6 +558,82 @@ void RunJobWithARankThatNeverSubmits() {
   for (auto& t : threads) t.join();
 }
 
+// The in-process backend behind a link: each allreduce sleeps `call_s` plus its bytes at
+// `bytes_per_s`, and twice that per byte for calls over 1 MiB when `large_calls_slow` (as MPI's
+// large calls ran over a 1 Gbit/s link). Records the largest call since the test last asked.
+class LinkBackend : public in_process::Backend {
+ public:
+  LinkBackend(in_process::World* world, int rank, double call_s, bool large_calls_slow)
+      : in_process::Backend(world, rank), call_s_(call_s), large_calls_slow_(large_calls_slow) {}
+
+  kd::Status Allreduce(const void* in, void* out, int64_t count, kd::DataType dtype, kd::ReduceOp op, double scale,
+                       const std::string& name) override {
+    const int64_t bytes = count * kd::DataTypeSize(dtype);
+    const double per_byte = (large_calls_slow_ && bytes > (int64_t{1} << 20) ? 2 : 1) / kBytesPerSecond;
+    std::this_thread::sleep_for(std::chrono::duration<double>(call_s_ + bytes * per_byte));
+    int64_t largest = largest_call_.load();
+    while (bytes > largest && !largest_call_.compare_exchange_weak(largest, bytes)) {
+    }
+    return in_process::Backend::Allreduce(in, out, count, dtype, op, scale, name);
+  }
+  int64_t TakeLargestCall() { return largest_call_.exchange(0); }
+
+ private:
+  static constexpr double kBytesPerSecond = 1e9;
+  const double call_s_;
+  const bool large_calls_slow_;
+  std::atomic<int64_t> largest_call_{0};
+};
+
+// A 16 MiB threshold with fusion tuning on, over a link that `large_calls_slow` or where each
+// call costs 2 ms: every step fuses 48 tensors of 64 KiB (3 MiB). Once rank 0 has timed 15 steps
+// of each threshold, every rank fuses in calls of at most 1 MiB on the first link and in one
+// call on the second; the sums are right throughout.
+void RunJobThatTunesFusion(bool large_calls_slow) {
+  in_process::World world(kRanks);
+  kd::EngineOptions options;
+  options.fusion_threshold_bytes = int64_t{16} << 20;
+  options.fusion_tuning = true;
+  options.cache_capacity = 64;
+  options.log_level = 3;
+  const std::string link = large_calls_slow ? "a link slow for large calls" : "a link with a 2 ms call cost";
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      auto backend = std::make_unique<LinkBackend>(&world, r, large_calls_slow ? 0.0 : 2e-3, large_calls_slow);
+      LinkBackend* link_backend = backend.get();
+      Rank me(&world, r, options, std::move(backend));
+      constexpr int kSteps = 2 * kd::FusionTuner::kSamples + 5;
+      int wrong_steps = 0;
+      for (int step = 0; step < kSteps; ++step) {
+        if (step == kSteps - 5) link_backend->TakeLargestCall();  // from here on, the choice is made
+        std::vector<std::vector<float>> tensors(48, std::vector<float>(16384));
+        for (size_t t = 0; t < tensors.size(); ++t) {
+          for (int64_t i = 0; i < 16384; ++i) tensors[t][i] = static_cast<float>(Local(r, t, i, step));
+        }
+        const kd::Status s =
+            me.GroupedAllreduce("tuned", &tensors, kd::DataType::kFloat32, kd::ReduceOp::kSum, kd::DataType::kFloat32);
+        bool right = s.ok();
+        for (size_t t = 0; right && t < tensors.size(); ++t) {
+          for (int64_t i = 0; right && i < 16384; ++i) {
+            double expected = 0;
+            for (int q = 0; q < kRanks; ++q) expected += Local(q, t, i, step);
+            right = tensors[t][i] == static_cast<float>(expected);
+          }
+        }
+        wrong_steps += right ? 0 : 1;
+      }
+      Check(r, wrong_steps == 0, link + ": " + std::to_string(wrong_steps) + " steps with wrong sums");
+      const int64_t largest = link_backend->TakeLargestCall();
+      const int64_t expected = large_calls_slow ? int64_t{1} << 20 : int64_t{3} << 20;
+      Check(r, largest == expected,
+            link + ": the last steps' largest call was " + std::to_string(largest) + " bytes, not " +
+                std::to_string(expected));
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
 }  // namespace
 
 int main() {
@@ -559,6 +643,8 @@ int main() {
     std::fflush(stdout);
   }
   RunJobWithARankThatNeverSubmits();
+  for (bool large_calls_slow : {true, false}) RunJobThatTunesFusion(large_calls_slow);
+  std::printf("fusion tuning: done\n");
   std::printf("%s, %d of %d checks failed\n", g_failures > 0 ? "FAILED" : "passed", g_failures.load(),
               g_checks.load());
   return g_failures > 0 ? 1 : 0;

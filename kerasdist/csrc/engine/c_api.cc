@@ -67,6 +67,13 @@ const std::map<std::string, Setter>& Setters() {
        [](kerasdist::EngineOptions& o, const std::string& t) {
          return ParseInteger(t, 0, INT64_MAX, &o.fusion_threshold_bytes);
        }},
+      {"fusion_tuning",
+       [](kerasdist::EngineOptions& o, const std::string& t) {
+         int64_t value = 0;
+         if (!ParseInteger(t, 0, 1, &value)) return false;
+         o.fusion_tuning = value == 1;
+         return true;
+       }},
       {"cycle_time_ms", [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.cycle_time_ms); }},
       {"stall_warning_s",
        [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.stall_warning_s); }},

@@ -121,6 +121,7 @@ struct Response {
 // (c_api.cc refuses a start that does not name each one), so no default is written here.
 struct EngineOptions {
   int64_t fusion_threshold_bytes = 0;  // 0 disables fusion
+  bool fusion_tuning = false;          // rank 0 may pick 1 MiB groups instead (fusion_tuner.h)
   double cycle_time_ms = 0.0;          // coalescing window after work arrives
   double stall_warning_s = 0.0;        // 0 disables warnings
   double stall_timeout_s = 0.0;        // 0: wait forever

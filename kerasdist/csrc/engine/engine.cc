@@ -18,6 +18,9 @@ constexpr uint64_t kAllWaiting = 4;
 // some rank is. Ranks that all wait inside graphs may just be running them in different orders;
 // once one rank waits in an eager call, the others' graphs can only finish with it, so nobody can.
 constexpr uint64_t kNobodyBlockedEagerly = 8;
+// Word 0, bit 4: clear only by rank 0, when its FusionTuner wants this cycle fused in groups of
+// at most 1 MiB; after the AND, every rank knows the threshold of the cycle from it.
+constexpr uint64_t kConfiguredFusion = 16;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
 
 }  // namespace
@@ -53,7 +56,10 @@ Status Engine::Start(const EngineOptions& options, const TransportFactory& make_
   options_.cache_capacity = std::max(1, options_.cache_capacity);
   words_ = 1 + (options_.cache_capacity + 63) / 64;
   cache_.Reset(options_.cache_capacity);
-  if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, options_, &cache_);
+  if (rank_ == 0) {
+    coordinator_ = std::make_unique<Coordinator>(size_, options_, &cache_);
+    fusion_tuner_ = std::make_unique<FusionTuner>(options_.fusion_threshold_bytes, options_.fusion_tuning);
+  }
   stall_inspector_ = std::make_unique<StallInspector>(control_plane_.get(), options_);
   watchdog_ = std::make_unique<Watchdog>(options_.collective_timeout_s, stall_inspector_->RankAndHost(rank_));
   Status executes = MakeExecutor(std::move(transport.backend),
@@ -304,6 +310,7 @@ bool Engine::RunCycle(bool* progress) {
   const bool blocked_eagerly = any_blocking && none_free;
   if (blocked_eagerly || (!pending_.empty() && none_free_of_graph)) bits[0] |= kAllWaiting;
   if (!blocked_eagerly) bits[0] |= kNobodyBlockedEagerly;
+  if (!fusion_tuner_ || !fusion_tuner_->UseSmall()) bits[0] |= kConfiguredFusion;
 
   phases_.Charge(Phase::kOther);
   phases_.CountCycle();
@@ -341,7 +348,12 @@ bool Engine::RunCycle(bool* progress) {
   if (timeline_.enabled()) timeline_.CycleMark(negotiated, static_cast<int>(ready.size()));
   *progress = !ready.empty();
   if (*progress && coordinator_) coordinator_->NoteProgress();
+  const bool small_fusion = !(bits[0] & kConfiguredFusion);
+  Fusion& fusion = host_executor_->fusion();
+  fusion.set_threshold_bytes(small_fusion ? FusionTuner::kSmallThresholdBytes : options_.fusion_threshold_bytes);
+  fusion.ForgetLastRun();
   Execute(ready);
+  if (fusion_tuner_) fusion_tuner_->Record(small_fusion, fusion.last_fused_bytes(), fusion.last_seconds());
   zero_entries_.clear();
 
   if (!(bits[0] & kNobodyStops)) {

@@ -36,6 +36,7 @@
 #include "coordinator.h"
 #include "device_hooks.h"
 #include "executor.h"
+#include "fusion_tuner.h"
 #include "phase_clock.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
@@ -134,6 +135,7 @@ class Engine {
   std::map<std::string, std::unique_ptr<Collective>> pending_;
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
+  std::unique_ptr<FusionTuner> fusion_tuner_;  // rank 0 only
   std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<StallInspector> stall_inspector_;
   std::unique_ptr<Watchdog> watchdog_;

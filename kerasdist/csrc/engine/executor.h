@@ -34,6 +34,7 @@ class Executor {
   // Runs each of `ready` (responses without errors, in the same order on every rank) and calls
   // `finished` for each once its outputs hold its results; a failure goes to its status.
   void Run(const Ready& ready, const std::function<void(Collective*)>& finished);
+  Fusion& fusion() { return fusion_; }
 
  private:
   Status RunAllgather(Collective* c, const Response& r);

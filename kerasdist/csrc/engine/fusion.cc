@@ -21,6 +21,8 @@ size_t Fusion::FusedBytes(const TensorSpec& spec) const {
 }
 
 void Fusion::Run(const std::vector<Collective*>& collectives) {
+  const auto start = Clock::now();
+  last_fused_bytes_ = 0;
   // Tensors that share a wire dtype and a way of combining travel together, in negotiated order.
   // In memory without kernels the backend scales a group as a whole, so its tensors also share
   // their scale, and an Average stays an Average (an integer one is the backend's to divide).
@@ -45,6 +47,7 @@ void Fusion::Run(const std::vector<Collective*>& collectives) {
         RunAlone(item.first, item.second);
       } else {
         items.push_back(item);
+        last_fused_bytes_ += FusedBytes(item.first->request.tensors[item.second]);
       }
     }
     size_t begin = 0;
@@ -61,6 +64,7 @@ void Fusion::Run(const std::vector<Collective*>& collectives) {
       begin = end;
     }
   }
+  last_seconds_ = Seconds(Clock::now() - start);
 }
 
 void Fusion::RunAlone(Collective* c, int t) {

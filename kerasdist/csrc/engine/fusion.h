@@ -22,6 +22,12 @@ class Fusion {
   // Runs every allreduce of `collectives`, which every rank passes in the same order; a
   // failure goes to the status of each collective it touched.
   void Run(const std::vector<Collective*>& collectives);
+  // The most bytes one fused call reduces from the next Run on; the same on every rank.
+  void set_threshold_bytes(int64_t bytes) { threshold_bytes_ = bytes; }
+  // What the last Run fused: the bytes of its tensors small enough to fuse, and its seconds.
+  int64_t last_fused_bytes() const { return last_fused_bytes_; }
+  double last_seconds() const { return last_seconds_; }
+  void ForgetLastRun() { last_fused_bytes_ = 0, last_seconds_ = 0; }
 
  private:
   using Item = std::pair<Collective*, int>;  // a collective and the index of one of its tensors
@@ -35,11 +41,13 @@ class Fusion {
     return kerasdist::ScaleAfter(*memory_, *item.first, item.first->request.tensors[item.second].dtype);
   }
 
-  const int64_t threshold_bytes_;
+  int64_t threshold_bytes_;
   Backend* backend_;
   TensorMemory* memory_;
   Timeline* timeline_;
   PhaseClock* phases_;
+  int64_t last_fused_bytes_ = 0;
+  double last_seconds_ = 0;
   std::vector<uint16_t> compressed_scratch_;  // a large compressed tensor, as it travels (host only)
 };
 
