@@ -213,6 +213,7 @@ results-pages: venv
 # and (growth) docs/experiments.md are made anew from those files.
 bench-net: build
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py --json $(RESULTS)/network.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/fusion_tuning.py --json $(RESULTS)/fusion_tuning.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py --json $(RESULTS)/negotiation_scaling.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py --json $(RESULTS)/batch_growth_cluster.json
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py --json $(RESULTS)/slow_links_cluster.json

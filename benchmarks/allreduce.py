@@ -22,6 +22,9 @@ What is measured
          kd.grouped_allreduce per step, as DistributedOptimizer reduces them,
          against the same raw per-tensor and flat cases.
 
+  Before the tensor lists are timed, their grouped step runs FUSION_TUNING_STEPS times
+  (benchmarks/timing.py), so that fusion tuning (KERASDIST_FUSION_TUNING) has chosen its threshold.
+
 How it is timed
   Every case runs N times back to back, N calibrated per case so that takes
   about --target_ms, at least --min_iters; time per op = the slowest rank's
@@ -109,7 +112,7 @@ import kerasdist as kd  # noqa: E402
 kd.init()
 import results as result_files  # noqa: E402  (benchmarks/results.py, beside this script)
 from mpi4py import MPI  # noqa: E402  (after kerasdist: it owns MPI initialisation)
-from timing import Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
+from timing import FUSION_TUNING_STEPS, Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -272,6 +275,7 @@ def bench_tensor_list(title, shapes, separate_ops=False):
     for i, out in enumerate(grouped_check()):
         if not np.all(out.numpy() == SIZE * i + SIZE * (SIZE - 1) / 2):
             raise SystemExit(f"rank {RANK}: wrong result for tensor {i} of {title}")
+    grouped(tf.constant(FUSION_TUNING_STEPS))
 
     bufs = [np.zeros(shape, np.float32) for shape in shapes]
     flat = np.zeros(total // 4, np.float32)

@@ -59,8 +59,9 @@ class Cluster:
     def on_host(self, host, command, **kwargs):
         return subprocess.Popen([self.env["NETNS_CLUSTER_LAUNCHER"], host, command], **kwargs)
 
-    def launch(self, command, extra_flags=(), env=None):
-        """Runs ``command`` as 2 ranks, one per host; returns its stdout (fails loudly)."""
+    def launch(self, command, extra_flags=(), env=None, with_stderr=False):
+        """Runs ``command`` as 2 ranks, one per host; returns its stdout, then its stderr when
+        ``with_stderr`` (fails loudly)."""
         argv = [
             sys.executable,
             "-m",
@@ -76,7 +77,7 @@ class Cluster:
             *extra_flags,
             *command,
         ]
-        return run(argv, {**job_environment(), "UCX_TLS": "tcp", **(env or {})}, self.job_timeout_s)
+        return run(argv, {**job_environment(), "UCX_TLS": "tcp", **(env or {})}, self.job_timeout_s, with_stderr)
 
 
 def job_environment():
@@ -85,9 +86,9 @@ def job_environment():
     return env
 
 
-def run(argv, env, timeout_s):
-    """Runs ``argv`` under ``timeout`` and returns its stdout; on failure prints the tails of
-    its output and exits."""
+def run(argv, env, timeout_s, with_stderr=False):
+    """Runs ``argv`` under ``timeout`` and returns its stdout (then its stderr, when
+    ``with_stderr``); on failure prints the tails of its output and exits."""
     done = subprocess.run(
         ["timeout", "--kill-after=10", str(timeout_s), *map(str, argv)],
         env=env,
@@ -100,7 +101,7 @@ def run(argv, env, timeout_s):
             f"\nfailed ({done.returncode}): {' '.join(map(str, argv))}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}\n"
         )
         raise SystemExit(1)
-    return done.stdout
+    return done.stdout + done.stderr if with_stderr else done.stdout
 
 
 STREAM_RECEIVER = (

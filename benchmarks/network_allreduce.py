@@ -14,7 +14,9 @@ Sections (--only):
   many         --many_tensors float32 tensors of --many_tensor_kib: one kd.grouped_allreduce
                per step, against one raw Allreduce per tensor and one of a flat buffer. Run
                once with the default fusion threshold and once with
-               KERASDIST_FUSION_THRESHOLD=0 to compare fused and unfused.
+               KERASDIST_FUSION_THRESHOLD=0 to compare fused and unfused. The grouped step
+               first runs FUSION_TUNING_STEPS times untimed, so that fusion tuning has chosen
+               its threshold (benchmarks/fusion_tuning.py compares the thresholds).
   compression  kd.allreduce(op=Average) of float32 tensors of --compression_sizes_kib with
                Compression.none, fp16 and bf16, against the raw float32 Sum and against
                raw16: the MPI calls alone of a 16-bit reduction of the same tensor (Alltoall,
@@ -64,7 +66,7 @@ import kerasdist as kd  # noqa: E402
 
 kd.init()
 from mpi4py import MPI  # noqa: E402  (after kerasdist, which starts MPI)
-from timing import Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
+from timing import FUSION_TUNING_STEPS, Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -165,6 +167,7 @@ def bench_many():
     for i, out in enumerate(outs):
         if not np.all(out.numpy() == SIZE * i + SIZE * (SIZE - 1) / 2):
             raise SystemExit(f"rank {RANK}: wrong grouped result for tensor {i}")
+    grouped(tf.constant(FUSION_TUNING_STEPS))
     bufs = [np.zeros(shape, np.float32) for shape in shapes]
     flat = np.zeros(total // 4, np.float32)
 

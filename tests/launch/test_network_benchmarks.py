@@ -51,6 +51,32 @@ def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_pat
     assert [sorted(row) for row in results["compression"]] == [["bf16", "bytes", "fp16", "none", "raw", "raw16"]]
 
 
+def test_fusion_tuning_decides_in_an_mpi_job_and_logs_what_it_kept_as_the_benchmark_reads_it(tmp_path):
+    # 48 x 64 KiB (3 MiB) per step fuses more than 1 MiB, so every step counts for the tuner: the
+    # warm-up and the timed runs make more than the 30 it needs.
+    job = run_benchmark(
+        tmp_path,
+        "network_allreduce.py",
+        "--only",
+        "many",
+        "--many_tensors",
+        "48",
+        "--many_tensor_kib",
+        "64",
+        "--repeats",
+        "1",
+        "--target_ms",
+        "5",
+        KERASDIST_LOG_LEVEL="info",
+    )
+    sys.path.insert(0, str(BENCHMARKS))
+    from fusion_tuning import KEPT  # how benchmarks/fusion_tuning.py reads the choice
+
+    kept = KEPT.findall(job.output)
+    assert len(kept) == 1 and int(kept[0]) in (2**20, 16 * 2**20), job.describe()
+    assert "[kerasdist rank 0] INFO: fusion tuning: fused allreduces in calls of up to 1048576 bytes" in job.output
+
+
 def test_negotiation_benchmark_reports_fast_and_slow_path_cycles(tmp_path):
     reports = []
     for capacity in ("1024", "1"):
