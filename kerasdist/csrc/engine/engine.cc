@@ -448,12 +448,13 @@ std::unique_ptr<Collective> Engine::ZeroCollective(const Response& response) {
   e->request = ReadRequest(in);
   e->zeros = true;
   e->enqueued = Clock::now();
+  constexpr size_t kAlignment = HostMemory::kFusedAlignment;
   std::vector<size_t> offsets{0};
   for (const auto& t : e->request.tensors) {
-    offsets.push_back(offsets.back() + RoundedUp(NumElements(t.shape) * DataTypeSize(t.dtype), HostMemory::kFusedAlignment));
+    offsets.push_back(offsets.back() + RoundedUp(NumElements(t.shape) * DataTypeSize(t.dtype), kAlignment));
   }
-  e->zero_input.assign(offsets.back() + HostMemory::kFusedAlignment, 0);
-  e->zero_output.assign(offsets.back() + HostMemory::kFusedAlignment, 0);
+  e->zero_input.assign(offsets.back() + kAlignment, 0);
+  e->zero_output.assign(offsets.back() + kAlignment, 0);
   for (size_t t = 0; t < e->request.tensors.size(); ++t) e->inputs.push_back(e->zero_input.data() + offsets[t]);
   Collective* self = e.get();
   e->allocate = [self, offsets](int index, const Shape&, void** data) {
