@@ -9,8 +9,6 @@ int64_t RowElements(const Shape& shape) {  // values in one row: the product of 
   return n;
 }
 
-size_t Bytes(const Shape& shape, DataType dtype) { return NumElements(shape) * DataTypeSize(dtype); }
-
 constexpr DataType kEveryDataType[] = {DataType::kFloat16,  DataType::kBFloat16, DataType::kFloat32,
                                        DataType::kFloat64,  DataType::kInt32,    DataType::kInt64,
                                        DataType::kUInt8,    DataType::kInt8,     DataType::kBool};
@@ -88,13 +86,6 @@ void Executor::Finish(const std::vector<Collective*>& collectives, const std::fu
   }
 }
 
-Status Executor::Output(Collective* c, int index, const Shape& shape, void** out) {
-  const Status allocated = c->allocate(index, shape, out);
-  if (allocated.ok()) return memory_->OrderAfterFrontEnd(c);
-  *out = memory_->Scratch(Bytes(shape, c->request.tensors[0].dtype), c->request.name);
-  return allocated;
-}
-
 Status Executor::RunAllgather(Collective* c, const Response& r) {
   const TensorSpec& spec = c->request.tensors[0];
   const int64_t row = RowElements(spec.shape);
@@ -106,7 +97,7 @@ Status Executor::RunAllgather(Collective* c, const Response& r) {
     counts[i] = r.rank_rows[i] * row;
   }
   void* out = nullptr;
-  const Status allocated = Output(c, 0, out_shape, &out);
+  const Status allocated = AllocateOutput(*memory_, c, 0, out_shape, spec.dtype, &out);
   const Status s = backend_->Allgather(c->inputs[0], out, counts, spec.dtype, c->request.name);
   return allocated.ok() ? s : allocated;
 }
@@ -129,7 +120,7 @@ Status Executor::RunReducescatter(Collective* c) {
   const void* in = c->inputs[0];
   const double scale_in = ScaleIn(*memory_, *c);
   if (scale_in != 1.0) {
-    void* scaled = memory_->Scratch(Bytes(spec.shape, spec.dtype), c->request.name);
+    void* scaled = memory_->Scratch(NumElements(spec.shape) * DataTypeSize(spec.dtype), c->request.name);
     c->Fail(memory_->Copy(scaled, spec.dtype, in, spec.dtype, NumElements(spec.shape), scale_in, c->request.name));
     in = scaled;
   }
@@ -153,7 +144,7 @@ Status Executor::RunAlltoall(Collective* c, const Response& r) {
     out_shape[0] += r.alltoall_rows[i * size_ + rank_];
   }
   void* out = nullptr;
-  Status allocated = Output(c, 0, out_shape, &out);
+  Status allocated = AllocateOutput(*memory_, c, 0, out_shape, spec.dtype, &out);
   // The received splits are host memory whatever the data's memory (the kernel says so).
   void* splits_out = nullptr;
   if (allocated.ok()) allocated = c->allocate(1, Shape{size_}, &splits_out);

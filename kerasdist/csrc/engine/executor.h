@@ -41,9 +41,6 @@ class Executor {
   Status RunBroadcast(Collective* c);
   Status RunReducescatter(Collective* c);
   Status RunAlltoall(Collective* c, const Response& r);
-  // Output `index` of `c`, ordered after the front end's work, or scratch memory standing in for
-  // it (the returned status then says why it could not be had).
-  Status Output(Collective* c, int index, const Shape& shape, void** out);
   // Waits for what the memory still has enqueued, then hands `collectives` back.
   void Finish(const std::vector<Collective*>& collectives, const std::function<void(Collective*)>& finished);
 

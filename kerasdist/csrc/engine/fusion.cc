@@ -75,12 +75,7 @@ void Fusion::RunAlone(Collective* c, int t) {
   const int64_t count = NumElements(spec.shape);
   phases_->Charge(Phase::kOther);
   void* out = nullptr;
-  Status allocated = c->allocate(t, spec.shape, &out);
-  if (allocated.ok()) {
-    allocated = memory_->OrderAfterFrontEnd(c);
-  } else {
-    out = memory_->Scratch(count * DataTypeSize(spec.dtype), name);
-  }
+  const Status allocated = AllocateOutput(*memory_, c, t, spec.shape, spec.dtype, &out);
   phases_->Charge(Phase::kOutputs);
   const void* in = c->inputs[t];
   auto start = Clock::now();

@@ -56,6 +56,16 @@ class TensorMemory {
   virtual Status Synchronize() = 0;
 };
 
+// Output `index` of `c` (`shape` of `dtype`) from the front end, ordered after its work; when it
+// cannot be allocated, scratch memory stands in for it and the returned status says why.
+inline Status AllocateOutput(TensorMemory& memory, Collective* c, int index, const Shape& shape, DataType dtype,
+                             void** out) {
+  const Status allocated = c->allocate(index, shape, out);
+  if (allocated.ok()) return memory.OrderAfterFrontEnd(c);
+  *out = memory.Scratch(NumElements(shape) * DataTypeSize(dtype), c->request.name);
+  return allocated;
+}
+
 // The factor a collective's values are multiplied by on their way in: its prescale, where the
 // memory runs kernels; otherwise the backend carries it with the rest.
 inline double ScaleIn(const TensorMemory& memory, const Collective& c) {
