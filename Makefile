@@ -63,10 +63,13 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # waiting. Not here: make soak, make test-install (see there).
 #
 # At 3 ranks, 3 processes share 2 cores: the Keras suite took 6:47 there against 3:47 at 2 ranks
-# (2026-12-06). Three rank-agnostic files and the two statistical convergence tests of the noise
-# scale (120 s of it at 3 ranks; they run at 1 and 2) stay at 2 ranks, so that CI keeps to its budget.
+# (2026-12-06). Five rank-agnostic files (the Estimator, the model zoo, the default callbacks, the
+# Horovod names, and mixed precision, whose one cross-rank decision is an all-or-nothing vote) and
+# the two statistical convergence tests of the noise scale (120 s of it at 3 ranks; they run at 1
+# and 2) stay at 2 ranks, so that CI keeps to its budget.
 KERAS_AT_2_RANKS_ONLY := --ignore=tests/keras/test_estimator.py --ignore=tests/keras/test_models.py \
-    --ignore=tests/keras/test_default_callbacks.py \
+    --ignore=tests/keras/test_default_callbacks.py --ignore=tests/keras/test_horovod_compat.py \
+    --ignore=tests/keras/test_mixed_precision.py \
     --deselect tests/keras/test_batch_growth.py::test_noise_scale_growth_stops_below_the_critical_batch \
     --deselect tests/keras/test_batch_growth.py::test_noise_scale_converges_to_the_closed_form
 test: lint build
@@ -128,13 +131,14 @@ ifeq ($(OPENMPI_MISSING),)
 build-openmpi: $(OPENMPI_VENV)/.built
 
 # The build names Open MPI and its mpirun; the collectives suite under Open MPI's own mpirun at 2
-# and 3 ranks (3 on 2 cores needs --oversubscribe); then, from plain pytest, kerasdist-run jobs on
-# this host and on 2 emulated hosts and the faults the launcher must end (tests/openmpi).
+# ranks; then, from plain pytest, kerasdist-run jobs on this host (one of 3 ranks, more than its
+# cores) and on 2 emulated hosts, and the faults the launcher must end (tests/openmpi). The
+# collectives suite at 3 ranks runs under MPICH (make test): the engine's calls do not depend on
+# which MPI carries them, and the 45 s it also took under Open MPI did not fit the budget (CI took
+# 46.7 minutes on 2026-12-06).
 test-openmpi: venv build-openmpi
 	$(OPENMPI_RUN_ENV) timeout 300 $(OPENMPI_VENV)/bin/kerasdist-run --check-build
 	$(OPENMPI_RUN_ENV) timeout 900 $(OPENMPI_MPIRUN) --oversubscribe -n 2 $(OPENMPI_PY) -P -m pytest -q \
-	    -p no:cacheprovider tests/collectives
-	$(OPENMPI_RUN_ENV) timeout 900 $(OPENMPI_MPIRUN) --oversubscribe -n 3 $(OPENMPI_PY) -P -m pytest -q \
 	    -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 600 $(PY) -m pytest -q tests/openmpi
 else
