@@ -1,6 +1,9 @@
 """allreduce and grouped_allreduce against NumPy, including the ordering race:
 many independent allreduces in one tf.function must each get their own sum."""
 
+import ctypes
+import pathlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -233,6 +236,54 @@ def test_a_tensor_larger_than_the_fusion_threshold_is_right_in_every_piece(mode)
     out = run(mode, lambda t: kd.allreduce(t, op=kd.Average, prescale_factor=2.0), x)
     expected = 2.0 * (np.arange(n) % 1000 + (SIZE - 1) / 2)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+
+
+# ------------------------------------------- large tensors on huge pages
+
+# MPI moves a large message over shared memory faster through 2 MiB pages than through 4 KiB ones,
+# so the engine asks the kernel for transparent huge pages on the memory a tensor of 4 MiB or
+# more is reduced in, as NumPy does for its large arrays.
+TRANSPARENT_HUGE_PAGES = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+HUGE_PAGE = 2 << 20
+
+
+def _data_address(tensor):
+    """Where a CPU tensor's values are (through DLPack: .numpy() copies them)."""
+    capsule = tf.experimental.dlpack.to_dlpack(tensor)
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return ctypes.cast(get_pointer(capsule, b"dltensor"), ctypes.POINTER(ctypes.c_void_p))[0]  # DLTensor.data
+
+
+def _mapping_flags(address):
+    """The VmFlags of the mapping of this process that holds `address` (proc(5): hg = huge pages
+    advised)."""
+    inside = False
+    for line in pathlib.Path("/proc/self/smaps").read_text().splitlines():
+        first = line.split()[0]
+        if not first.endswith(":"):  # a mapping's header: start-end perms ...
+            start, end = (int(bound, 16) for bound in first.split("-"))
+            inside = start <= address < end
+        elif inside and first == "VmFlags:":
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+@pytest.mark.skipif(
+    not TRANSPARENT_HUGE_PAGES.exists() or "[never]" in TRANSPARENT_HUGE_PAGES.read_text(),
+    reason="this kernel grants no transparent huge pages",
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_a_large_tensor_is_reduced_in_memory_advised_for_huge_pages(mode):
+    n = 2 * HUGE_PAGE  # 8 MiB of float32: at least one whole huge page inside, wherever it starts
+    threshold = Knobs.from_environment().fusion_threshold_bytes
+    if 0 < threshold < 4 * n:
+        pytest.skip(f"a fusion threshold of {threshold} bytes reduces this tensor in pieces")
+    x = tf.range(n, dtype=tf.float32) % 1000 + RANK
+    out = run(mode, lambda t: kd.allreduce(t, op=kd.Sum), x)
+    np.testing.assert_array_equal(out.numpy(), SIZE * (np.arange(n) % 1000) + SIZE * (SIZE - 1) / 2)
+    first_whole_page = -(-_data_address(out) // HUGE_PAGE) * HUGE_PAGE
+    assert "hg" in _mapping_flags(first_whole_page)
 
 
 # ------------------------------------------------------ ordering race

@@ -78,6 +78,7 @@ void Fusion::RunAlone(Collective* c, int t) {
   const Status allocated = AllocateOutput(*memory_, c, t, spec.shape, spec.dtype, &out);
   phases_->Charge(Phase::kOutputs);
   const void* in = c->inputs[t];
+  memory_->PrepareLoneTensor(out, count * DataTypeSize(spec.dtype));
   auto start = Clock::now();
   if (ScaleIn(c) != 1.0) {
     c->Fail(memory_->Copy(out, spec.dtype, in, spec.dtype, count, ScaleIn(c), name));

@@ -22,9 +22,16 @@ constexpr size_t kLargestFusedBytes = 256 << 10;
 // allocated per cycle and freed with their outputs, so results a caller keeps pin no more.
 constexpr size_t kPooledFusionBuffers = 32;
 
+// Tensors reduced alone from this size up get transparent huge pages where the kernel grants
+// them on request, as NumPy's arrays do from the same size: MPI moves a large message over
+// shared memory faster through fewer pages (16 MiB Sum on one host, 2 ranks, three alternating
+// runs: 0.91-0.96 of raw MPI on NumPy's memory with the advice, 0.84-0.88 without).
+constexpr size_t kHugePagesFromBytes = 4 << 20;
+
 // Fusion buffers live long, like NumPy's large arrays, and get transparent huge pages the same
 // way where the kernel grants them on request: MPI's shared-memory transfers pin every page
-// they touch, and 2 MiB pages make that cheaper.
+// they touch, and 2 MiB pages make that cheaper. Only whole 2 MiB pages inside the memory are
+// advised, so memory around it (another tensor's, the allocator's) is left as it was.
 void AdviseHugePages(char* data, size_t size) {
 #ifdef MADV_HUGEPAGE
   constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
@@ -61,6 +68,12 @@ Status HostMemory::Copy(void* to, DataType to_type, const void* from, DataType f
 Status HostMemory::Zero(void* data, size_t bytes, const std::string&) {
   std::memset(data, 0, bytes);
   return Status::OK();
+}
+
+void HostMemory::PrepareLoneTensor(void* data, size_t bytes) {
+  // Advice on memory the allocator reuses: later tensors there gain too (the kernel backs new
+  // faults with huge pages and may merge those already faulted in).
+  if (bytes >= kHugePagesFromBytes) AdviseHugePages(static_cast<char*>(data), bytes);
 }
 
 FusionBuffer* HostMemory::BufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient, size_t* tried) {

@@ -23,6 +23,7 @@ class HostMemory : public TensorMemory {
   Status Copy(void* to, DataType to_type, const void* from, DataType from_type, int64_t count, double scale,
               const std::string& name) override;
   Status Zero(void* data, size_t bytes, const std::string& name) override;
+  void PrepareLoneTensor(void* data, size_t bytes) override;
   FusionBuffer* BufferFor(size_t bytes, std::unique_ptr<FusionBuffer>* transient, size_t* tried) override;
   void* Scratch(size_t bytes, const std::string& name) override;
   Status Synchronize() override;

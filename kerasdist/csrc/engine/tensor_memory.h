@@ -43,6 +43,10 @@ class TensorMemory {
   virtual Status Copy(void* to, DataType to_type, const void* from, DataType from_type, int64_t count, double scale,
                       const std::string& name) = 0;
   virtual Status Zero(void* data, size_t bytes, const std::string& name) = 0;
+  // Called with the memory a tensor reduced alone is reduced in (its output, often its input's
+  // own memory) before the backend's call. Host memory asks the kernel for huge pages there;
+  // memory with nothing to prepare leaves it alone.
+  virtual void PrepareLoneTensor(void* /*data*/, size_t /*bytes*/) {}
   // A buffer of at least `bytes` for one fused group that no live output views, or null when
   // none can be had (`*tried` then says the size asked for); `*transient` may be made its owner,
   // to be freed with the caller's outputs.
