@@ -50,7 +50,6 @@ rank per core is deployed on these machines.
 """
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -112,7 +111,14 @@ import kerasdist as kd  # noqa: E402
 kd.init()
 import results as result_files  # noqa: E402  (benchmarks/results.py, beside this script)
 from mpi4py import MPI  # noqa: E402  (after kerasdist: it owns MPI initialisation)
-from timing import FUSION_TUNING_STEPS, Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
+from timing import (  # noqa: E402  (benchmarks/timing.py)
+    FUSION_TUNING_STEPS,
+    Harness,
+    breakdown_table,
+    compare_with_engine_phases,
+    human,
+    ratio_to_raw,
+)
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -123,57 +129,12 @@ def say(*parts):
         print(*parts, flush=True)
 
 
-# The engine thread's working phases, as kd.engine_times() names them; its idle time is not read
-# from the totals, since a stretch of idle is charged when the engine next wakes, maybe inside the
-# next case.
-BUSY_PHASES = [key for key in kd.engine_times() if key not in ("idle", "pickup", "cycles", "collectives")]
-
-
 HARNESS = Harness(COMM, ARGS.repeats, ARGS.target_ms, ARGS.min_iters, ARGS.max_iters)
 
 
 def compare(cases):
-    """The harness's timings of every case (name -> fn(iters)); kerasdist's cases also get
-    phases_s: where the engine thread's time per op went, mean of the ranks."""
-    spent = {name: np.zeros(len(BUSY_PHASES) + 2) for name in cases}  # busy phases, pickup, cycles
-
-    @contextlib.contextmanager
-    def engine_clock(name):
-        before = kd.engine_times()
-        yield
-        after = kd.engine_times()
-        spent[name] += [after[key] - before[key] for key in (*BUSY_PHASES, "pickup", "cycles")]
-
-    results = HARNESS.compare(cases, around=engine_clock)
-    for name, result in results.items():
-        if not name.startswith("raw"):
-            mean = COMM.allreduce(spent[name], op=MPI.SUM) / SIZE / (result["iters"] * ARGS.repeats)
-            result["phases_s"] = phase_breakdown(mean, result["op_s"])
-    return results
-
-
-def phase_breakdown(per_op, op_s):
-    """The engine's phases per op, and `outside`: the rest of the op's wall time, during which the
-    engine thread had nothing to do (TensorFlow between ops, the engine's wake-up)."""
-    phases = dict(zip(BUSY_PHASES, per_op[: len(BUSY_PHASES)]))
-    phases["outside"] = max(0.0, op_s - sum(phases.values()))
-    phases["pickup"] = per_op[-2]  # summed over the op's collectives
-    phases["cycles"] = per_op[-1]
-    return phases
-
-
-def say_breakdown(rows):
-    """rows: (label, raw seconds, phases_s) -> a table in µs per op."""
-    columns = [*BUSY_PHASES, "outside"]
-    say(
-        "  where kerasdist's time per op goes, µs (mean of the ranks): the engine thread's phases"
-        " (kd.engine_times()),\n  `outside` = the rest of the wall time (TensorFlow between ops, waking"
-        " the engine); pickup = enqueued -> taken up"
-    )
-    say(f"  {'':<28}" + "".join(f"{c:>12}" for c in columns) + f"{'raw MPI':>10}{'pickup':>9}{'cycles':>8}")
-    for label, raw_s, phases in rows:
-        cells = "".join(f"{phases[c] * 1e6:12.1f}" for c in columns)
-        say(f"  {label:<28}{cells}{raw_s * 1e6:10.1f}{phases['pickup'] * 1e6:9.1f}{phases['cycles']:8.2f}")
+    """The harness's timings; kerasdist's cases also get phases_s (timing.compare_with_engine_phases)."""
+    return compare_with_engine_phases(HARNESS, cases, kd.engine_times)
 
 
 # ------------------------------------------------------------- sizes
@@ -239,7 +200,7 @@ def bench_sizes():
             f"{row['ratio']:9.2f} {low:5.2f}-{high:<5.2f} "
             f"{row['raw_gbps']:9.2f} {row['ours_gbps']:10.2f} {row['raw_iters']:6d} {row['ours_iters']:7d}"
         )
-    say_breakdown([(human(row["size_bytes"]), row["raw_s"], row["phases_s"]) for row in rows])
+    say(breakdown_table([(human(row["size_bytes"]), row["raw_s"], row["phases_s"]) for row in rows]))
     return rows
 
 
@@ -305,8 +266,10 @@ def bench_tensor_list(title, shapes, separate_ops=False):
             f"  {per_tensor / r['op_s']:5.2f}x raw per tensor"
         )
     flat = results["raw: one flat buffer"]["op_s"]
-    say_breakdown(
-        [(label[len("kerasdist: ") :], flat, r["phases_s"]) for label, r in results.items() if "phases_s" in r]
+    say(
+        breakdown_table(
+            [(label[len("kerasdist: ") :], flat, r["phases_s"]) for label, r in results.items() if "phases_s" in r]
+        )
     )
     return dict(
         threshold=threshold,

@@ -25,7 +25,9 @@ Sections (--only):
 Timing (benchmarks/timing.py, shared with allreduce.py): each case runs N times back to back (N
 calibrated to about --target_ms); time per op is the slowest rank's time / N; cases alternate
 within each of --repeats repeats and the median is reported, with the range of the per-repeat
-ratios against raw.
+ratios against raw. Under the sizes table, kerasdist's time per op split by the engine thread's
+phases (kd.engine_times(), as allreduce.py shows them on one host): what a link adds to the fixed
+costs of negotiating and handing results back.
 """
 
 import argparse
@@ -66,7 +68,14 @@ import kerasdist as kd  # noqa: E402
 
 kd.init()
 from mpi4py import MPI  # noqa: E402  (after kerasdist, which starts MPI)
-from timing import FUSION_TUNING_STEPS, Harness, human, ratio_to_raw  # noqa: E402  (benchmarks/timing.py)
+from timing import (  # noqa: E402  (benchmarks/timing.py)
+    FUSION_TUNING_STEPS,
+    Harness,
+    breakdown_table,
+    compare_with_engine_phases,
+    human,
+    ratio_to_raw,
+)
 
 COMM = MPI.COMM_WORLD
 RANK, SIZE = COMM.Get_rank(), COMM.Get_size()
@@ -124,11 +133,13 @@ def bench_sizes():
             check_sum(elems)
             buf = np.zeros(elems, np.float32)
             x = tf.zeros([elems], tf.float32)
-            results = compare(
+            results = compare_with_engine_phases(
+                HARNESS,
                 {
                     "raw": raw_allreduce(buf, op_name == "Average"),
                     "ours": lambda n, x=x, op=op: chained(x, tf.constant(n), op),
-                }
+                },
+                kd.engine_times,
             )
             ratio, low, high = ratio_to_raw(results, "ours")
             nbytes = elems * 4
@@ -140,12 +151,14 @@ def bench_sizes():
                 "ratio": ratio,
                 "ratio_low": low,
                 "ratio_high": high,
+                "phases_s": results["ours"]["phases_s"],
             }
             rows.append(row)
             say(
                 f"{op_name:<8} {human(nbytes):>8} {row['raw_s'] * 1e3:8.3f}ms {row['ours_s'] * 1e3:8.3f}ms "
                 f"{ratio:9.2f} {low:5.2f}-{high:<5.2f} {nbytes * 8 / row['ours_s'] / 1e9:11.2f}"
             )
+    say(breakdown_table([(f"{row['op']} {human(row['bytes'])}", row["raw_s"], row["phases_s"]) for row in rows]))
     return rows
 
 

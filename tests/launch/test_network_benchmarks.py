@@ -47,6 +47,10 @@ def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_pat
         ("Average", 65536),
     ]
     assert all(row["raw_s"] > 0 and row["ours_s"] > 0 for row in results["sizes"])
+    # Where each op's time went, as the engine thread measured it around that case's runs.
+    for row in results["sizes"]:
+        phases = row["phases_s"]
+        assert phases["transfer"] > 0 and phases["negotiation"] > 0 and phases["cycles"] > 0, row
     assert set(results["many"]["seconds"]) == {"raw per tensor", "raw flat", "grouped"}
     assert [sorted(row) for row in results["compression"]] == [["bf16", "bytes", "fp16", "none", "raw", "raw16"]]
 
