@@ -200,6 +200,7 @@ bench: build
 	$(RUN_ENV) KERASDIST_CACHE_CAPACITY=1 timeout 300 $(MPIEXEC) -n 2 $(PY) benchmarks/negotiation.py \
 	    --json $(RESULTS)/negotiation_slow_path.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --json $(RESULTS)/keras_scaling.json
+	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --model mlp --json $(RESULTS)/keras_scaling_mlp.json
 	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools
 	$(MAKE) --no-print-directory results-pages
 

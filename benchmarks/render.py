@@ -160,8 +160,8 @@ KERAS_ROWS = (
 )
 
 
-def keras_throughput():
-    record = load("keras_scaling")
+def keras_throughput(name="keras_scaling"):
+    record = load(name)
     summary, ranks = record["summary"], record["setup"]["ranks"]
     rows = [
         [
@@ -177,8 +177,8 @@ def keras_throughput():
     return markdown(columns, rows), [record]
 
 
-def keras_ratios():
-    record = load("keras_scaling")
+def keras_ratios(name="keras_scaling"):
+    record = load(name)
     estimates, n = record["summary"]["ratios"], record["setup"]["ranks"]
     shown = (
         ("size1_overhead", "size-1 overhead, 1 − thr(kd, 1) / thr(plain)", "{:+.1%}", "≤ 3 %"),
@@ -259,6 +259,8 @@ BLOCKS = {
     "allreduce#phases": allreduce_phases,
     "keras_scaling#throughput": keras_throughput,
     "keras_scaling#ratios": keras_ratios,
+    "keras_scaling_mlp#throughput": lambda: keras_throughput("keras_scaling_mlp"),
+    "keras_scaling_mlp#ratios": lambda: keras_ratios("keras_scaling_mlp"),
     "negotiation#one_host": negotiation_one_host,
 }
 
