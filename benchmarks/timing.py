@@ -5,7 +5,8 @@ A case is a function `fn(iters)` that runs `iters` ops back to back. Its time pe
 rank's time over N ops, divided by N (a collective is done when every rank is), with N calibrated
 so that N ops take about `target_ms` and agreed by every rank. The cases alternate within each of
 `repeats` repeats, so a slow moment of a shared machine falls on all of them; the median is
-reported with the per-repeat samples.
+reported with the per-repeat samples. `compare_with_engine_phases` also splits kerasdist's time per
+op by the engine thread's phases (kd.engine_times()), and `breakdown_table` prints that split.
 """
 
 import contextlib

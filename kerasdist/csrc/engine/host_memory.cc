@@ -25,7 +25,7 @@ constexpr size_t kPooledFusionBuffers = 32;
 // Tensors reduced alone from this size up get transparent huge pages where the kernel grants
 // them on request, as NumPy's arrays do from the same size: MPI moves a large message over
 // shared memory faster through fewer pages (16 MiB Sum on one host, 2 ranks, three alternating
-// runs: 0.91-0.96 of raw MPI on NumPy's memory with the advice, 0.84-0.88 without).
+// runs: 0.95-0.96 of raw MPI on NumPy's memory with the advice, 0.85-0.88 without).
 constexpr size_t kHugePagesFromBytes = 4 << 20;
 
 // Fusion buffers live long, like NumPy's large arrays, and get transparent huge pages the same
