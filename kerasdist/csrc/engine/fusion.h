@@ -27,7 +27,10 @@ class Fusion {
   // What the last Run fused: the bytes of its tensors small enough to fuse, and its seconds.
   int64_t last_fused_bytes() const { return last_fused_bytes_; }
   double last_seconds() const { return last_seconds_; }
-  void ForgetLastRun() { last_fused_bytes_ = 0, last_seconds_ = 0; }
+  void ForgetLastRun() {
+    last_fused_bytes_ = 0;
+    last_seconds_ = 0;
+  }
 
  private:
   using Item = std::pair<Collective*, int>;  // a collective and the index of one of its tensors

@@ -27,7 +27,6 @@ class FusionTuner {
   // small threshold or not. Cycles that fuse no more than the small threshold fuse alike with
   // both and are not counted.
   void Record(bool small, int64_t fused_bytes, double seconds);
-  bool tuning() const { return tuning_; }
 
  private:
   const int64_t threshold_bytes_;
