@@ -55,9 +55,10 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # why). Size 1 runs everything but tests/openmpi (tests/launch, tests/multihost and tests/slurm
 # start their own jobs, tests/install pip-installs kerasdist into a fresh venv), on two
 # pytest-xdist workers (each file's tests on one worker, longest files first: tests/conftest.py).
-# Then the collectives and Keras-layer suites run inside 2 and 3 ranks (the collectives once more
-# at 3 with fusion and splitting off: every tensor then takes the engine's unfused path), and the
-# docstring examples (written for any size) at 2. tests/docs builds the documentation site (make
+# Then the collectives and Keras-layer suites run inside 2 and 3 ranks (the collectives at 2 with
+# fusion and splitting off, so every tensor takes the engine's unfused path; fused at 2 ranks they
+# run under Open MPI below and in test-nccl's MPICH build), and the docstring examples (written for
+# any size) at 2. tests/docs builds the documentation site (make
 # docs) and opens it in Chromium. The Open MPI build's suites come last, from a make of their own,
 # which sees Open MPI if it was just installed. Each mpiexec is bounded so a hang fails instead of
 # waiting. Not here: make soak, make test-install (see there).
@@ -77,9 +78,8 @@ test: lint build
 	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder tests --ignore=tests/openmpi \
 	    --ignore=tests/install/test_other_tensorflow_release.py
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
-	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
+	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
-	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras $(KERAS_AT_2_RANKS_ONLY)
 	$(MAKE) --no-print-directory test-openmpi
