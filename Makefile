@@ -58,10 +58,10 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # Then the collectives and Keras-layer suites run inside 2 and 3 ranks (the collectives at 2 with
 # fusion and splitting off, so every tensor takes the engine's unfused path; fused at 2 ranks they
 # run under Open MPI below and in test-nccl's MPICH build), and the docstring examples (written for
-# any size) at 2. tests/docs builds the documentation site (make
-# docs) and opens it in Chromium. The Open MPI build's suites come last, from a make of their own,
-# which sees Open MPI if it was just installed. Each mpiexec is bounded so a hang fails instead of
-# waiting. Not here: make soak, make test-install (see there).
+# any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
+# The Open MPI build's suites come last, from a make of their own, which sees Open MPI if it was
+# just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not here: make soak,
+# make test-install (see there).
 #
 # At 3 ranks, 3 processes share 2 cores: the Keras suite took 6:47 there against 3:47 at 2 ranks
 # (2026-12-06). Five rank-agnostic files (the Estimator, the model zoo, the default callbacks, the
