@@ -28,7 +28,7 @@ SAVES_BEFORE_THE_KILL = 2  # scripts/checkpoint_kill.py's warm-up saves
 pytestmark = SKIP_UNDER_A_LAUNCHER
 
 
-def kill_points(calls_in_a_save, inside_model_save, in_model_save=True):
+def kill_points(calls_in_a_save, inside_model_save, in_model_save):
     """Every window of a save with this many durability calls, in the order the test runs them
     (those inside `model.save` only if `in_model_save`)."""
     return (

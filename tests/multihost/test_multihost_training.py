@@ -13,11 +13,11 @@ SUITE_TIMEOUT_S = 600
 SIZE_LIMITED_TESTS = ["tests/collectives/test_compression.py::test_float16_passes_through_bf16_compression"]
 
 
-# The job's own timeout must fire before pytest's per-test limit (tests/conftest.py), which ends
-# the whole session.
 # Two ranks per host: each rank has a neighbour over shared memory and two across the link, and
 # the suite runs at 4 ranks, a size no other run of it has. (One rank per host added 1 minute of
 # CI and no code path of ours: the engine does not look at hosts, only MPI's transports do.)
+# The job's own timeout must fire before pytest's per-test limit (tests/conftest.py), which ends
+# the whole session.
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60, method="thread")
 def test_collectives_suite_passes_across_two_hosts(two_hosts, tmp_path):
     ranks_per_host = 2
