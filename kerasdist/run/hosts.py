@@ -7,6 +7,7 @@ the planned number: each rank can then stand in for a whole number of planned ra
 global batch stays the planned one. Standard library only, like the rest of the launcher.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -131,17 +132,18 @@ def probe_hosts(hosts, probe_command, timeout=HOST_PROBE_TIMEOUT_S):
     started = {}
     available, missing = [], {}
     try:
-        for host in hosts:
-            # A session of its own, so that a probe that hangs is stopped with everything it started.
-            started[host] = subprocess.Popen(
-                probe_command(host.name),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                start_new_session=True,
-            )
+        with _stops_held():
+            for host in hosts:
+                # A session of its own, so that a probe that hangs is stopped with everything it started.
+                started[host] = subprocess.Popen(
+                    probe_command(host.name),
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                    errors="replace",
+                    start_new_session=True,
+                )
         deadline = time.monotonic() + timeout
         for host, probe in started.items():
             try:
@@ -160,6 +162,23 @@ def probe_hosts(hosts, probe_command, timeout=HOST_PROBE_TIMEOUT_S):
             if probe.poll() is None:
                 _stop_session(probe)
     return available, missing
+
+
+@contextlib.contextmanager
+def _stops_held():
+    """Ctrl-C and SIGTERM wait for the end of the block, then go to the handlers they had. A stop
+    raised inside Popen, after the child started but before its process object is returned,
+    would leave that child running with nothing to stop it."""
+    arrived = []
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.signal(signum, lambda signum, _frame: arrived.append(signum)) for signum in held}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])
 
 
 def _stop_session(process):

@@ -91,6 +91,34 @@ def test_probes_that_fail_or_hang_leave_their_hosts_out_within_the_timeout():
     assert missing == {"refuses": "probe exited with status 3: no route", "hangs": "no answer within 1 s"}
 
 
+def test_a_stop_that_lands_as_a_probe_starts_still_stops_that_probe(monkeypatch):
+    # The race CI met: SIGTERM after Popen has started the child but before it returns the
+    # process object, which the cleanup would then not know about.
+    started = []
+    popen = subprocess.Popen
+
+    def popen_then_stopped(*args, **kwargs):
+        started.append(popen(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGTERM)
+        return started[-1]
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    monkeypatch.setattr(hosts.subprocess, "Popen", popen_then_stopped)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(SystemExit, match=str(128 + signal.SIGTERM)):
+            hosts.probe_hosts(hosts.parse_host_list("hangs"), lambda _: ["sleep", "60"], timeout=30)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        left_running = [probe for probe in started if probe.poll() is None]
+        for probe in left_running:
+            probe.kill()
+            probe.wait()
+    assert len(started) == 1 and not left_running
+
+
 def _executable(path, text):
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
