@@ -199,6 +199,8 @@ bench: build
 	$(RUN_ENV) timeout 300 $(MPIEXEC) -n 2 $(PY) benchmarks/negotiation.py --json $(RESULTS)/negotiation_fast_path.json
 	$(RUN_ENV) KERASDIST_CACHE_CAPACITY=1 timeout 300 $(MPIEXEC) -n 2 $(PY) benchmarks/negotiation.py \
 	    --json $(RESULTS)/negotiation_slow_path.json
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/op_floor.py --json $(RESULTS)/op_floor.json
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 1 $(PY) benchmarks/op_floor.py --json $(RESULTS)/op_floor_one_rank.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --json $(RESULTS)/keras_scaling.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --model mlp --json $(RESULTS)/keras_scaling_mlp.json
 	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools

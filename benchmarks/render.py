@@ -253,6 +253,46 @@ def negotiation_one_host():
     return markdown([*columns, "fast − raw", "slow − fast"], [row]), [fast, slow]
 
 
+def op_floor():
+    """kerasdist's fixed cost per op against the budget a target ratio leaves, and TensorFlow's own
+    per-op cost beneath it (benchmarks/op_floor.py), at 2 ranks and at 1."""
+    records = [load("op_floor"), load("op_floor_one_rank")]
+    rows = []
+    for record in records:
+        agreement = record["agreement"]["op_s"]
+        for row in record["sizes"]:
+            cases = row["cases"]
+            raw, ours = cases["raw"]["op_s"], cases["kerasdist"]["op_s"]
+            rows.append(
+                [
+                    record["ranks"],
+                    size(row["size_bytes"]),
+                    duration(raw),
+                    f"{duration(ours)} ({raw / ours:.2f})",
+                    duration(row["fixed_s"]),
+                    duration(row["budget_s"]),
+                    duration(cases["TensorFlow, sync"]["op_s"]),
+                    duration(cases["TensorFlow, async"]["op_s"]),
+                    duration(agreement),
+                    f"{duration(row['floor_s'])} ({row['floor_s'] / row['budget_s']:.2f})",
+                ]
+            )
+    target = records[0]["target"]
+    columns = [
+        "ranks",
+        "float32 size",
+        "raw MPI",
+        "kerasdist (/ raw)",
+        "fixed: kerasdist − raw",
+        f"budget at {target} × raw",
+        "TensorFlow, sync kernel",
+        "TensorFlow, async kernel",
+        "raw agreement (8 bytes)",
+        "floor: async + agreement (/ budget)",
+    ]
+    return markdown(columns, rows), records
+
+
 BLOCKS = {
     "allreduce#sizes": allreduce_sizes,
     "allreduce#fusion": allreduce_fusion,
@@ -262,6 +302,7 @@ BLOCKS = {
     "keras_scaling_mlp#throughput": lambda: keras_throughput("keras_scaling_mlp"),
     "keras_scaling_mlp#ratios": lambda: keras_ratios("keras_scaling_mlp"),
     "negotiation#one_host": negotiation_one_host,
+    "op_floor#sizes": op_floor,
 }
 
 

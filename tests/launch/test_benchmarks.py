@@ -1,6 +1,6 @@
 """`make bench`'s benchmarks run end to end at 2 ranks on tiny sizes and report every case:
-the allreduce one with fused against unfused, the Keras one in both its modes (not the
-speed: that is `make bench`'s job)."""
+the allreduce one with fused against unfused, the op floor one, the Keras one in both its modes
+(not the speed: that is `make bench`'s job)."""
 
 import json
 import sys
@@ -32,6 +32,21 @@ def test_allreduce_benchmark_reports_sizes_and_fused_against_unfused(tmp_path):
     unfused = bench(tmp_path, "--only", "many", "--fusion_threshold=0", "--compare_to", fused_json)
     assert "many: fused" in unfused.output, unfused.describe()
     assert "kerasdist: kd.grouped_allreduce" in unfused.output.split("many: fused")[1]
+
+
+def test_op_floor_benchmark_compiles_its_kernels_and_reports_every_case(tmp_path):
+    result_json = tmp_path / "op_floor.json"
+    argv = [MPIEXEC, "-n", "2", sys.executable, REPO_ROOT / "benchmarks" / "op_floor.py"]
+    argv += ["--sizes_kib", "4", "--repeats=1", "--target_ms=5", "--max_iters=8", "--json", result_json]
+    job = run_job(argv, tmp_path, child_env(), timeout=240, script_name="op_floor.py")
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    results = json.loads(result_json.read_text())
+    assert results["ranks"] == 2 and results["agreement"]["op_s"] > 0
+    (row,) = results["sizes"]
+    assert row["size_bytes"] == 4096
+    assert set(row["cases"]) == {"raw", "TensorFlow, sync", "TensorFlow, async", "kerasdist"}
+    assert all(case["op_s"] > 0 for case in row["cases"].values())
+    assert row["floor_s"] == row["cases"]["TensorFlow, async"]["op_s"] + results["agreement"]["op_s"]
 
 
 KERAS_SCRIPT = REPO_ROOT / "benchmarks" / "keras_scaling.py"
