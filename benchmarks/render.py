@@ -260,21 +260,23 @@ def op_floor():
     rows = []
     for record in records:
         agreement = record["agreement"]["op_s"]
+        alone = record["ranks"] == 1  # nothing to transfer: no budget to speak of
         for row in record["sizes"]:
             cases = row["cases"]
             raw, ours = cases["raw"]["op_s"], cases["kerasdist"]["op_s"]
+            floor_share = "" if alone else f" ({row['floor_s'] / row['budget_s']:.2f})"
             rows.append(
                 [
                     record["ranks"],
                     size(row["size_bytes"]),
                     duration(raw),
-                    f"{duration(ours)} ({raw / ours:.2f})",
+                    duration(ours) if alone else f"{duration(ours)} ({raw / ours:.2f})",
                     duration(row["fixed_s"]),
-                    duration(row["budget_s"]),
+                    "—" if alone else duration(row["budget_s"]),
                     duration(cases["TensorFlow, sync"]["op_s"]),
                     duration(cases["TensorFlow, async"]["op_s"]),
                     duration(agreement),
-                    f"{duration(row['floor_s'])} ({row['floor_s'] / row['budget_s']:.2f})",
+                    duration(row["floor_s"]) + floor_share,
                 ]
             )
     target = records[0]["target"]
