@@ -107,23 +107,31 @@ def discover_hosts(program, environ, timeout=DISCOVERY_TIMEOUT_S):
             something other than host lines.
     """
     try:
-        finished = subprocess.run(
-            [program],
-            env=environ,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            errors="replace",
-            timeout=timeout,
-        )
-    except subprocess.TimeoutExpired:
-        raise LaunchError(f"host discovery program {program} printed no host list within {timeout} s") from None
+        with _stops_held():
+            # A session of its own, so that a program that hangs is stopped with everything it started.
+            discovery = subprocess.Popen(
+                [program],
+                env=environ,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                errors="replace",
+                start_new_session=True,
+            )
     except OSError as error:
         raise LaunchError(f"cannot run host discovery program {program}: {error}") from None
-    if finished.returncode != 0:
-        last_line = (finished.stderr.strip().splitlines() or [""])[-1]
-        raise LaunchError(f"host discovery program {program} exited with status {finished.returncode}: {last_line}")
-    return parse_discovery_output(finished.stdout, program)
+    try:
+        stdout, stderr = discovery.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise LaunchError(f"host discovery program {program} printed no host list within {timeout} s") from None
+    finally:  # also when the launcher is stopped meanwhile
+        if discovery.poll() is None:
+            _stop_session(discovery)
+    if discovery.returncode != 0:
+        last_line = (stderr.strip().splitlines() or [""])[-1]
+        raise LaunchError(f"host discovery program {program} exited with status {discovery.returncode}: {last_line}")
+    return parse_discovery_output(stdout, program)
 
 
 def probe_hosts(hosts, probe_command, timeout=HOST_PROBE_TIMEOUT_S):

@@ -119,6 +119,19 @@ def test_a_stop_that_lands_as_a_probe_starts_still_stops_that_probe(monkeypatch)
     assert len(started) == 1 and not left_running
 
 
+def test_a_discovery_that_hangs_is_stopped_with_what_it_started(tmp_path):
+    child_pid = tmp_path / "child.pid"
+    discover = _executable(tmp_path / "find-hosts", f"#!/bin/sh\nsleep 60 &\necho $! > {child_pid}\nwait\n")
+    started = time.monotonic()
+    with pytest.raises(mpi.LaunchError, match="printed no host list within 1 s"):
+        hosts.discover_hosts(discover, dict(os.environ), timeout=1)
+    assert time.monotonic() - started < 10
+    left_running = _sleeping(int(child_pid.read_text()))
+    if left_running:
+        os.kill(int(child_pid.read_text()), signal.SIGKILL)
+    assert not left_running
+
+
 def _executable(path, text):
     path.write_text(text)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
