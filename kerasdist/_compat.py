@@ -70,6 +70,29 @@ DATA_CLASS_SCALAR = _private(
 )
 
 
+# The eager context, whose ConfigProto its runtime starts with: TensorFlow 2 has no public call
+# for the pools' spinning.
+_eager_context = _private(
+    "tensorflow.python.eager.context", "context", "stopping TensorFlow's thread pools from spinning on one CPU"
+)
+_ConfigProto = _private(
+    "tensorflow.core.protobuf.config_pb2", "ConfigProto", "stopping TensorFlow's thread pools from spinning on one CPU"
+)
+
+
+def stop_thread_spinning():
+    """Has TensorFlow's thread pools sleep as soon as they run out of work, instead of spinning
+    first; nothing once its runtime has started (it reads the setting when it starts)."""
+    eager = _eager_context()
+    if eager._context_handle is not None:
+        return
+    config = _ConfigProto()
+    if eager._config is not None:
+        config.CopyFrom(eager._config)
+    config.experimental.disable_thread_spinning = True
+    eager._config = config
+
+
 def mark_order_insensitive(op_types):
     """Lets tf.function keep the stateful `op_types` (never pruned) without ordering them among
     other stateful ops, which would serialize collectives the engine could fuse."""

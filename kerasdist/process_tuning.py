@@ -1,5 +1,5 @@
-"""What ``init()`` tunes in the process: glibc's malloc thresholds, and TensorFlow's thread pools
-when ranks share a host's CPUs.
+"""What ``init()`` tunes in the process: glibc's malloc thresholds, TensorFlow's thread pools
+when ranks share a host's CPUs, and the pools' spinning when a rank has one CPU.
 """
 
 import ctypes
@@ -87,3 +87,20 @@ def fit_tf_thread_pools(tf, cpus, sharing, warn):
             f"(KERASDIST_TF_THREADS=off silences this).",
             stacklevel=3,
         )
+
+
+def stop_tf_spinning_on_one_cpu(cpus, sharing):
+    """Stops TensorFlow's idle pool threads from spinning when this rank has one CPU or less.
+
+    An idle pool thread spins a while before it sleeps, which pays when it has a CPU to itself.
+    A rank with one CPU (bound to a core, or its share of the cores that ranks share) has none to
+    spare: the spin holds the CPU that the engine thread and MPI need to finish the collective
+    the pool is waiting for. On a 2-vCPU machine, chained 4 KiB allreduces took 27-28 us per op
+    without the spin against 64-72 with it (one rank on one CPU), 22 against 30-31 (two ranks
+    bound to a core each), and the MLP of benchmarks/keras_scaling.py trained 6-18 % faster at
+    2 ranks, bound or not (four alternating pairs). Too late once TensorFlow has run an op.
+    """
+    if cpus // sharing <= 1:
+        from kerasdist import _compat  # imports Keras: only now, not with kerasdist
+
+        _compat.stop_thread_spinning()

@@ -6,11 +6,14 @@ a wrong resume epoch or a hang in a multi-rank test.
 
 import contextlib
 import io
+import subprocess
+import sys
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 from kerasdist import _compat
 
@@ -212,3 +215,19 @@ def test_callbacks_setting_the_model_is_the_list_of_the_fit_that_set_it():
     probe.set_model(model)  # called directly: no list
     assert seen[0] is not None and probe in seen[0] and other in seen[0], seen
     assert seen[1] is None
+
+
+def test_thread_spinning_is_stopped_in_the_config_the_runtime_starts_with():
+    script = (
+        "import tensorflow as tf; from kerasdist import _compat; from tensorflow.python.eager import context\n"
+        "_compat.stop_thread_spinning(); tf.ones(2) + 1\n"
+        "print(context.context().config.experimental.disable_thread_spinning)"
+    )
+    started = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert started.returncode == 0 and started.stdout.split()[-1] == "True", started.stderr[-2000:]
+
+
+def test_thread_spinning_is_left_alone_once_the_runtime_has_started():
+    tf.ones(2) + 1
+    _compat.stop_thread_spinning()
+    assert not context.context().config.experimental.disable_thread_spinning

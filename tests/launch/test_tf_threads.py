@@ -1,4 +1,5 @@
-"""kerasdist.init() sizes TensorFlow's thread pools when ranks share CPUs.
+"""kerasdist.init() sizes TensorFlow's thread pools when ranks share CPUs, and stops their
+spinning when a rank has one CPU or less.
 
 The expected sizes are computed here from the CPU sets the ranks report: each rank gets
 its CPUs divided by the number of ranks whose sets overlap its own, and at least two
@@ -51,6 +52,7 @@ def test_unbound_ranks_get_their_share_of_the_cpus(tmp_path, n):
         pytest.skip("this launcher binds ranks to disjoint CPUs; nothing to share")
     for report, share in zip(found, shares(found)):
         assert (report["intra"], report["inter"]) == (share, max(2, share)), found
+        assert report["spinning"] == (share > 1), found
     # And from this process's own CPU set, not the ranks' reports: ranks the launcher left on
     # the CPUs they inherited from here are n to share them.
     inherited = set(os.sched_getaffinity(0))
@@ -65,27 +67,29 @@ def test_pools_the_user_sized_are_left_alone(tmp_path):
     found = reports(mpirun("tf_threads.py", "--user_inter_op", "5", cwd=tmp_path, env=env), 2)
     # TF_NUM_INTRAOP_THREADS takes effect inside TensorFlow: its config still says 0 (default).
     assert [(r["intra"], r["inter"]) for r in found] == [(0, 5), (0, 5)]
+    # Pool sizes are the user's; the spinning is still stopped on a rank with one CPU.
+    assert [r["spinning"] for r in found] == [share > 1 for share in shares(found)], found
 
 
 def test_off_leaves_tensorflow_alone(tmp_path):
     found = reports(mpirun("tf_threads.py", cwd=tmp_path, env=unsized_env(KERASDIST_TF_THREADS="off")), 2)
-    assert [(r["intra"], r["inter"]) for r in found] == [(0, 0), (0, 0)]
+    assert [(r["intra"], r["inter"], r["spinning"]) for r in found] == [(0, 0, True), (0, 0, True)]
 
 
 def test_pools_that_already_exist_get_a_warning_naming_the_fix(tmp_path):
     job = mpirun("tf_threads.py", "--ops_first", cwd=tmp_path, env=unsized_env())
     found = reports(job, 2)
-    assert [(r["intra"], r["inter"]) for r in found] == [(0, 0), (0, 0)]
+    assert [(r["intra"], r["inter"], r["spinning"]) for r in found] == [(0, 0, True), (0, 0, True)]
     if overlapping(found):
         share = shares(found)[0]
         assert job.output.count("before kerasdist.init()") == 1, job.describe()  # local rank 0 only
         assert f"TF_NUM_INTRAOP_THREADS={share} TF_NUM_INTEROP_THREADS={max(2, share)}" in job.output, job.describe()
 
 
-def test_ranks_bound_to_their_own_cores_keep_tensorflows_default(tmp_path):
+def test_ranks_bound_to_their_own_cores_keep_tensorflows_pools_but_not_their_spinning(tmp_path):
     if (os.cpu_count() or 1) < 2:
         pytest.skip("binding two ranks to their own cores needs two cores")
     argv = [MPIEXEC, "-bind-to", "core", "-n", "2", sys.executable, SCRIPTS / "tf_threads.py"]
     found = reports(run_job(argv, tmp_path, unsized_env(), 120, script_name="tf_threads.py"), 2)
     assert not overlapping(found), found
-    assert [(r["intra"], r["inter"]) for r in found] == [(0, 0), (0, 0)]
+    assert [(r["intra"], r["inter"], r["spinning"]) for r in found] == [(0, 0, False), (0, 0, False)]

@@ -3,8 +3,8 @@
 Usage: tf_threads.py [--ops_first] [--user_inter_op N]
   --ops_first       run a TensorFlow op before init(), so the pools already exist
   --user_inter_op   size the inter-op pool with tf.config.threading before init()
-Each rank prints one line: TF_THREADS {"affinity": [...], "intra": n, "inter": n}
-(0 = TensorFlow's own default).
+Each rank prints one line: TF_THREADS {"affinity": [...], "intra": n, "inter": n, "spinning": b}
+(0 = TensorFlow's own default; spinning: whether idle pool threads spin before they sleep).
 """
 
 import json
@@ -13,6 +13,7 @@ import sys
 import warnings
 
 import tensorflow as tf
+from tensorflow.python.eager import context
 
 import kerasdist as kd
 
@@ -26,6 +27,7 @@ report = {
     "affinity": sorted(os.sched_getaffinity(0)),
     "intra": tf.config.threading.get_intra_op_parallelism_threads(),
     "inter": tf.config.threading.get_inter_op_parallelism_threads(),
+    "spinning": not context.context().config.experimental.disable_thread_spinning,
 }
 print("TF_THREADS " + json.dumps(report), flush=True)
 kd.barrier()
