@@ -94,9 +94,9 @@ def init():
         local = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         cross = world.Split(color=local.Get_rank(), key=rank)
         cpus, sharing = process_tuning.cpu_share(local)  # a collective: every rank joins, whatever its knob says
-        if knobs.tf_threads == "auto" and sharing > 1:
-            process_tuning.fit_tf_thread_pools(tf, cpus, sharing, warn=local.Get_rank() == 0)
         if knobs.tf_threads == "auto":
+            if sharing > 1:
+                process_tuning.fit_tf_thread_pools(tf, cpus, sharing, warn=local.Get_rank() == 0)
             process_tuning.stop_tf_spinning_on_one_cpu(cpus, sharing)
         # Agreed over the host so every rank makes the same gradient buckets; listing physical
         # devices leaves TensorFlow's runtime unstarted (users set GPU memory growth after init).

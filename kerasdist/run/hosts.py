@@ -108,17 +108,7 @@ def discover_hosts(program, environ, timeout=DISCOVERY_TIMEOUT_S):
     """
     try:
         with _stops_held():
-            # A session of its own, so that a program that hangs is stopped with everything it started.
-            discovery = subprocess.Popen(
-                [program],
-                env=environ,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-                errors="replace",
-                start_new_session=True,
-            )
+            discovery = _start_in_own_session([program], env=environ, stdout=subprocess.PIPE)
     except OSError as error:
         raise LaunchError(f"cannot run host discovery program {program}: {error}") from None
     try:
@@ -142,16 +132,7 @@ def probe_hosts(hosts, probe_command, timeout=HOST_PROBE_TIMEOUT_S):
     try:
         with _stops_held():
             for host in hosts:
-                # A session of its own, so that a probe that hangs is stopped with everything it started.
-                started[host] = subprocess.Popen(
-                    probe_command(host.name),
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    errors="replace",
-                    start_new_session=True,
-                )
+                started[host] = _start_in_own_session(probe_command(host.name), stdout=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
         for host, probe in started.items():
             try:
@@ -170,6 +151,20 @@ def probe_hosts(hosts, probe_command, timeout=HOST_PROBE_TIMEOUT_S):
             if probe.poll() is None:
                 _stop_session(probe)
     return available, missing
+
+
+def _start_in_own_session(argv, **popen_args):
+    """``argv`` started in a session of its own, so that if it hangs `_stop_session` stops it with
+    everything it started; its stderr is kept as text for the error message."""
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        **popen_args,
+    )
 
 
 @contextlib.contextmanager
