@@ -306,12 +306,28 @@ def check_build(environ, run_version=mpi.run_version_query):
         nccl = f"yes (NCCL {build_info.get('nccl_version', '?')}; GPU kernels)" if build_info.get("nccl") else "no"
         print(f"NCCL:           {nccl}")
     try:
-        mpiexec, source = mpi.find_mpiexec(environ, build_info and build_info.get("mpiexec"))
-        flavour = mpi.choose_flavour(mpiexec, environ, run_version)
+        mpiexec, flavour, source = launch_mpiexec(environ, build_info, run_version)
         print(f"launch mpiexec: {mpiexec} ({flavour.title}; chosen from {source})")
     except mpi.LaunchError as error:
         print(f"launch mpiexec: none: {error}")
+        return 1
     return 0 if library and build_info and not mismatch else 1
+
+
+def launch_mpiexec(environ, build_info, run_version=mpi.run_version_query):
+    """(mpiexec, flavour, where it was found) for a launch of the op library ``build_info``
+    describes (None when unknown).
+
+    Raises:
+        mpi.LaunchError: no mpiexec was found, its flavour is unknown, or it belongs to another MPI
+            family than the op library's.
+    """
+    mpiexec, source = mpi.find_mpiexec(environ, build_info and build_info.get("mpiexec"))
+    flavour = mpi.choose_flavour(mpiexec, environ, run_version)
+    problem = mpi.other_family_problem(mpiexec, source, flavour, build_info)
+    if problem:
+        raise mpi.LaunchError(problem)
+    return mpiexec, flavour, source
 
 
 def installed_tensorflow():
@@ -604,9 +620,7 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     except ValueError as error:
         parser.error(f"{error} (from the environment)")
     try:
-        build_info = read_build_info()
-        mpiexec, _ = mpi.find_mpiexec(environ, build_info and build_info.get("mpiexec"))
-        flavour = mpi.choose_flavour(mpiexec, environ, run_version)
+        mpiexec, flavour, _ = launch_mpiexec(environ, read_build_info(), run_version)
     except mpi.LaunchError as error:
         parser.error(str(error))
 

@@ -21,6 +21,9 @@ class Flavour:
 
     name: str  # what KERASDIST_MPI_FLAVOUR and build_info.json call it
     title: str  # for people
+    # MPIs whose mpiexec starts each other's ranks: the MPICH ABI's (MPICH, Intel MPI, MVAPICH,
+    # Cray MPICH) wire ranks up through hydra's PMI, Open MPI's through its own runtime (PMIx).
+    family: str
     hosts_option: str
     hostfile_option: str
     sets_variables_with_x: bool  # Open MPI's `-x K=V`; hydra's `-genv K V` otherwise
@@ -63,6 +66,7 @@ class Flavour:
 MPICH = Flavour(
     "mpich",
     "MPICH (hydra)",
+    "MPICH",
     "-hosts",
     "-f",
     sets_variables_with_x=False,
@@ -73,6 +77,7 @@ MPICH = Flavour(
 INTEL_MPI = Flavour(
     "intel",
     "Intel MPI (hydra)",
+    "MPICH",
     "-hosts",
     "-f",
     sets_variables_with_x=False,
@@ -82,6 +87,7 @@ INTEL_MPI = Flavour(
 )
 OPEN_MPI = Flavour(
     "openmpi",
+    "Open MPI",
     "Open MPI",
     "-H",
     "--hostfile",
@@ -204,6 +210,38 @@ def choose_flavour(mpiexec, environ, run_version=run_version_query):
             f"{FLAVOUR_VARIABLE} to one of {', '.join(FLAVOURS)}"
         )
     return flavour
+
+
+def other_family_problem(mpiexec, source, flavour, build_info):
+    """Why ``mpiexec``, a ``flavour`` one chosen from ``source``, cannot start the ranks of the op
+    library ``build_info`` (build_info.json) describes, or None: it can, or the build's MPI is not
+    known. An mpiexec of another MPI family cannot wire those ranks up (MPICH's MPI_Init refuses
+    Open MPI's PMIx, for one).
+
+    Example:
+
+    ```python
+    from kerasdist.run.mpi import OPEN_MPI, other_family_problem
+    build = {"mpi": "PyPI mpich", "mpi_flavour": "mpich", "mpiexec": None}
+    problem = other_family_problem("/usr/bin/mpiexec", "PATH", OPEN_MPI, build)
+    print(problem)  # the op library was built against PyPI mpich (MPICH family), ... is Open MPI's, ...
+    ```
+    """
+    built = FLAVOURS.get((build_info or {}).get("mpi_flavour"))
+    if built is None or built.family == flavour.family:
+        return None
+    built_with = build_info.get("mpi") or built.title
+    recorded = build_info.get("mpiexec")
+    gone = ""
+    if recorded and not _is_executable(recorded):
+        again = " (`pip install mpich` installs it again)" if built_with == "PyPI mpich" else ""
+        gone = f"; {recorded}, its mpiexec when it was built, is gone{again}"
+    return (
+        f"the op library was built against {built_with} ({built.family} family), but the mpiexec found "
+        f"(from {source}), {mpiexec}, is {flavour.title}'s, which cannot start ranks of the {built.family} "
+        f"family{gone}. Set {MPIEXEC_VARIABLE} to an {built.family} mpiexec, or rebuild kerasdist against "
+        f"{flavour.title} (docs/deployment.md, Building against a system MPI)"
+    )
 
 
 def interface_environment(flavour, interface, caller_environment):

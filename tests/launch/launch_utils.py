@@ -6,6 +6,7 @@ cleans up), then SIGKILL; any rank a script announced ("LAUNCH_PID rank=R
 pid=P") that is still alive afterwards is killed by its pid.
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -13,9 +14,12 @@ import signal
 import subprocess
 import sys
 import time
+import unittest.mock
 from pathlib import Path
 
 import pytest
+
+from kerasdist.run import launcher, mpi
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -90,6 +94,16 @@ def _kill_announced_leftovers(output, script_name):
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@contextlib.contextmanager
+def op_library_built_against(flavour_name):
+    """Within it, kerasdist-run in this process takes the op library as built against the MPI
+    ``flavour_name`` names ("mpich", "intel", "openmpi"), so that it accepts that family's
+    mpiexec: the command-line tests spell every flavour's options with one build."""
+    build_info = {"mpi": mpi.FLAVOURS[flavour_name].title, "mpi_flavour": flavour_name, "mpiexec": None}
+    with unittest.mock.patch.object(launcher, "read_build_info", lambda: build_info):
+        yield
 
 
 def run_job(argv, cwd, env=None, timeout=DEFAULT_JOB_TIMEOUT_S, script_name=""):

@@ -22,6 +22,7 @@ from launch_utils import (
     REPO_ROOT,
     announced_rank_pids,
     child_env,
+    op_library_built_against,
     run_job,
 )
 
@@ -59,12 +60,15 @@ def fake_mpiexec(tmp_path):
 
 
 def _dry_run(argv, fake_mpiexec, version_text, capsys, **environ):
-    """main(--dry-run argv) with `fake_mpiexec` answering --version with `version_text`."""
-    status = launcher.main(
-        ["--dry-run", *argv],
-        environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
-        run_version=lambda _path: version_text,
-    )
+    """main(--dry-run argv) with `fake_mpiexec` answering --version with `version_text`, for an op
+    library built against that mpiexec's MPI."""
+    flavour = environ.get("KERASDIST_MPI_FLAVOUR") or mpi.flavour_from_version_text(version_text).name
+    with op_library_built_against(flavour):
+        status = launcher.main(
+            ["--dry-run", *argv],
+            environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
+            run_version=lambda _path: version_text,
+        )
     assert status == 0
     return capsys.readouterr().out.strip()
 

@@ -9,9 +9,9 @@ import os
 import stat
 
 import pytest
-from launch_utils import LAUNCH_TEST_MARKS
+from launch_utils import LAUNCH_TEST_MARKS, op_library_built_against
 
-from kerasdist.run import launcher
+from kerasdist.run import launcher, mpi
 
 HYDRA_VERSION_TEXT = "HYDRA build details:\n    Version:                                 5.0.2\n"
 INTEL_MPI_VERSION_TEXT = "Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619\n"
@@ -40,12 +40,14 @@ def site_ssh(tmp_path):
 
 
 def dry_run(argv, fake_mpiexec, version_text, capsys, **environ):
-    """The command `kerasdist-run --dry-run argv` prints, as a list of words."""
-    status = launcher.main(
-        ["--dry-run", *argv],
-        environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
-        run_version=lambda _path: version_text,
-    )
+    """The command `kerasdist-run --dry-run argv` prints, as a list of words, for an op library
+    built against the MPI `version_text` names."""
+    with op_library_built_against(mpi.flavour_from_version_text(version_text).name):
+        status = launcher.main(
+            ["--dry-run", *argv],
+            environ={"KERASDIST_MPIEXEC": fake_mpiexec, **environ},
+            run_version=lambda _path: version_text,
+        )
     assert status == 0
     return capsys.readouterr().out.split()
 
