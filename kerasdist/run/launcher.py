@@ -32,6 +32,8 @@ USAGE_ERROR = 2  # what argparse exits with
 RESTART_VARIABLE = "KERASDIST_RESTART"
 # Ctrl-C or SIGTERM, to the launcher or to the job (a scheduler's preemption): a stop, not a failure.
 STOP_STATUSES = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+# What a shell reports for a program ended by SIGPIPE: the launcher's when its output's reader has gone.
+CLOSED_PIPE_STATUS = 128 + signal.SIGPIPE
 # Checking the ranks' interpreter starts it once; a site's wrapper script may take a moment.
 INTERPRETER_CHECK_TIMEOUT_S = 30
 # A rank that outlives mpiexec may hold its stderr open; the launcher waits this long for the rest.
@@ -62,6 +64,10 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message):
         self.exit(USAGE_ERROR, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def print_help(self, file=None):
+        # argparse drops a failed write; a closed pipe (`--help | head`) must reach main().
+        (file or sys.stdout).write(self.format_help())
 
 
 def _positive_int(text):
@@ -584,7 +590,29 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
     """Entry point of ``kerasdist-run``; returns the exit status.
 
     ``environ`` and ``run_version`` (mpiexec path -> its ``--version`` output) are for tests.
+    When the reader of its output has gone (``kerasdist-run --check-build | head -3``), it stops
+    quietly with the status of a program ended by SIGPIPE, as ``cat`` would.
     """
+    try:
+        try:
+            return _launch(argv, environ, run_version)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe can still be caught, not at exit
+    except BrokenPipeError:
+        _discard_stdout()
+        return CLOSED_PIPE_STATUS
+
+
+def _discard_stdout():
+    """Points stdout at /dev/null, so that Python's final flush of what is left in its buffer
+    cannot fail again and print a traceback at exit."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):  # a stdout with no file descriptor (a test's capture)
+        pass
+
+
+def _launch(argv, environ, run_version):
     environ = os.environ if environ is None else environ
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = make_parser()
