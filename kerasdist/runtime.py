@@ -87,6 +87,7 @@ def init():
 
         world = MPI.COMM_WORLD
         rank, size = world.Get_rank(), world.Get_size()
+        _refuse_a_keras_backend_other_than_tensorflow(rank)
         planned_size = planned_size_from_environment(os.environ, size)  # every rank sees the same
         unknown_variables = unknown_variables_message(os.environ)
         if unknown_variables and rank == 0:  # the same variables reach every rank: say it once
@@ -144,6 +145,26 @@ def init():
         atexit.register(shutdown)
         if size > 1:
             exit_policy.install(MPI, shutdown, running_rank=lambda: None if _state is None else _state.rank)
+
+
+def _refuse_a_keras_backend_other_than_tensorflow(rank):
+    """Raises on every rank whose Keras runs on another backend (KERAS_BACKEND=jax): kerasdist's
+    collectives, optimizers and callbacks are TensorFlow ops, which would fail only at the first
+    training step. ``import tensorflow`` has imported Keras already."""
+    import keras
+
+    backend = keras.config.backend()
+    if backend != "tensorflow":
+        chosen_by = (
+            f"KERAS_BACKEND={os.environ['KERAS_BACKEND']}"
+            if os.environ.get("KERAS_BACKEND")
+            else "from keras.json in ~/.keras or KERAS_HOME"
+        )
+        raise RuntimeError(
+            f"Keras runs on its {backend!r} backend on rank {rank} ({chosen_by}), but kerasdist's collectives, "
+            "DistributedOptimizer and callbacks are TensorFlow ops: set KERAS_BACKEND=tensorflow in the "
+            "environment of every rank"
+        )
 
 
 def planned_size_from_environment(environ, size):
