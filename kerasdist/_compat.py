@@ -7,6 +7,7 @@ hook's behaviour, not only that it exists.
 """
 
 import importlib
+import os
 import sys
 
 import keras
@@ -55,9 +56,18 @@ _ControlFlowFuncGraph = _private(
 # The graph a tf.function traces into (cond and while graphs are ones too), as opposed to a
 # TF1-style graph, whose runs kerasdist cannot count.
 _FuncGraph = _private("tensorflow.python.framework.func_graph", "FuncGraph", "numbering the calls of each tf.function")
-# The calling stack with AutoGraph's generated code mapped back to the lines it came from, as
-# TensorFlow's own error messages show it (Python's stack holds the generated file instead).
-_tf_stack = _private("tensorflow.python.util", "tf_stack", "naming collectives inside tf.function by their source line")
+# AutoGraph runs the code it converts from a temporary module whose file name differs by process;
+# the lines that code came from are kept with the module in the transpiler's cache of converted
+# functions, and nothing public maps a running frame back to them.
+_autograph_transpiler = _private(
+    "tensorflow.python.autograph.impl.api",
+    "_TRANSPILER",
+    "naming collectives made from code AutoGraph converted by their source line",
+)
+_AUTOGRAPH_FILE_PREFIX = "__autograph_generated_file"
+# tf.py_function and tf.numpy_function call their Python bodies from this module, on TensorFlow's
+# threads.
+_script_ops = _private("tensorflow.python.ops", "script_ops", "telling a collective made inside tf.py_function")
 SummaryMetadata = _private(
     "tensorflow.core.framework.summary_pb2",
     "SummaryMetadata",
@@ -124,10 +134,31 @@ def is_function_graph(graph):
     return isinstance(graph, _FuncGraph)
 
 
-def source_stack():
-    """The calling stack as (file, line) pairs, innermost last, with code AutoGraph converted
-    shown at the user's own lines."""
-    return [(frame.filename, frame.lineno) for frame in _tf_stack.extract_stack()]
+def autograph_origin(filename, lineno):
+    """`(file, line)` of the code that line `lineno` of AutoGraph's generated `filename` was
+    converted from, while tracing and whenever the converted code runs later (a `tf.py_function`
+    body); None for a file AutoGraph did not generate, or a line it added."""
+    if not os.path.basename(filename).startswith(_AUTOGRAPH_FILE_PREFIX):
+        return None
+    with _autograph_transpiler._cache_lock:
+        factories = [
+            factory for variants in _autograph_transpiler._cache._cache.values() for factory in variants.values()
+        ]
+    for factory in factories:
+        if getattr(factory.module, "__file__", None) == filename:
+            origin = factory.source_map.get((filename, lineno))
+            return None if origin is None else (origin.loc.filename, origin.loc.lineno)
+    return None
+
+
+def in_py_function():
+    """True when called, at any depth, from the body of a `tf.py_function` or `tf.numpy_function`."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_globals is vars(_script_ops):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def callbacks_setting_the_model():

@@ -124,13 +124,9 @@ _calls_per_site = collections.defaultdict(itertools.count)
 _calls_per_graph_site = weakref.WeakKeyDictionary()
 _calls_per_site_lock = threading.Lock()
 # Frames that lie between a program's call and the collective: ours and TensorFlow's wrappers.
-# The Horovod-compatible API is a pass-through too: a name must come from the user's line.
+# The Horovod-compatible API is a pass-through too: a name must come from the user's line. (Code
+# AutoGraph converted runs with the globals of the module it came from, so this holds there too.)
 _PASS_THROUGH_MODULES = (__name__, "tensorflow.", "kerasdist.horovod")
-_AUTOGRAPH_FILE_PREFIX = "__autograph_generated_file"
-# The same pass-through code by location, for stacks that give files only.
-_PASS_THROUGH_DIRECTORIES = tuple(
-    os.path.dirname(path) + os.sep for path in (tf.__file__, os.path.join(os.path.dirname(__file__), "horovod", "x"))
-)
 
 
 # AutoGraph leaves these as written: they hold no tensor-dependent Python control flow, and a
@@ -148,11 +144,16 @@ def _tensor_name(kind, name):
     from different lines never pair, so an extra call on one rank (say under `if rank == 0:`)
     fails as a mismatch instead of shifting every later pairing by one. Graph node names would
     not do: they hold Keras's automatic layer names, which count every model a process built.
+    Eagerly, only the main thread's calls are counted alike on every rank (see
+    `_refuse_unnamed_call_off_the_main_thread`).
     """
     if name:
         return name
-    site = _call_site()
+    caller = _calling_frame()
+    site = _call_site(caller)
     graph = None if tf.executing_eagerly() else _compat.enclosing_function_graph()
+    if graph is None:
+        _refuse_unnamed_call_off_the_main_thread(kind, site, caller)
     where = "" if graph is None else f"{getattr(graph, 'name', 'graph')}/"
     with _calls_per_site_lock:
         if graph is None:
@@ -195,19 +196,64 @@ def _execution():
     return count
 
 
-def _call_site():
-    """`file:line` of the first frame outside kerasdist.ops and TensorFlow's wrappers. The file's
-    base name, not its path: ranks on different hosts may run the same code from different paths.
-    Code AutoGraph converted runs from a temporary file (its name differs by rank): there the
-    line it was converted from is used, as TensorFlow's error messages show it."""
-    frame = sys._getframe(2)
+def _refuse_unnamed_call_off_the_main_thread(kind, site, caller):
+    """Raises for an unnamed eager call from any thread but the main thread.
+
+    Two threads calling one line would take the numbers of that line's calls in whatever order
+    they get there, which differs by rank: their calls would pair across threads, silently.
+    Refusing the second thread seen at a line would come too late (its first call may already
+    have paired wrongly on a rank where the other thread came first), so the rule depends on the
+    calling thread alone and is the same on every rank.
+    """
+    thread = threading.current_thread()
+    if thread is threading.main_thread():
+        return
+    module = caller.f_globals.get("__name__", "")
+    if module.startswith("kerasdist."):
+        raise RuntimeError(
+            f"kerasdist.{kind} at {site} (in {module}) was called from thread {thread.name!r}, not the "
+            "main thread. kerasdist's own collectives (its callbacks in fit, the Estimator, "
+            "kerasdist.data) are unnamed, and unnamed eager collectives match across ranks only when "
+            "the main thread makes them: call fit (or whatever called this) from the main thread."
+        )
+    if _compat.in_py_function():
+        where = (
+            f"inside a tf.py_function (or tf.numpy_function), whose body TensorFlow runs on a thread "
+            f"of its own ({thread.name!r}), not the main thread"
+        )
+        instead = (
+            "or make the collective in the tf.function itself, outside the py_function (kerasdist's "
+            "collectives run inside tf.function)"
+        )
+    else:
+        where = f"from thread {thread.name!r}, not the main thread"
+        instead = "or make the call from the main thread"
+    raise RuntimeError(
+        f"kerasdist.{kind} at {site} has no name= and was called {where}. An unnamed eager collective "
+        "is named after its line and the number of calls made there before, which match across ranks "
+        "only for the calls of one thread, the main thread: calls of several threads would pair by "
+        "thread scheduling. Pass name=, the same on every rank and used by no other collective that "
+        f"may be pending at the same time (for example name=f'stats/{{step}}'), {instead}."
+    )
+
+
+def _calling_frame():
+    """The first frame outside kerasdist.ops and TensorFlow's wrappers: the caller's."""
+    frame = sys._getframe(1)
     while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith(_PASS_THROUGH_MODULES):
         frame = frame.f_back
-    if os.path.basename(frame.f_code.co_filename).startswith(_AUTOGRAPH_FILE_PREFIX):
-        for file, line in reversed(_compat.source_stack()):
-            if not file.startswith(_PASS_THROUGH_DIRECTORIES) and file not in (__file__, _compat.__file__):
-                return f"{os.path.basename(file)}:{line}"
-    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+    return frame
+
+
+def _call_site(frame):
+    """`file:line` of `frame`. The file's base name, not its path: ranks on different hosts may run
+    the same code from different paths. Code AutoGraph converted runs from a temporary file whose
+    name differs by rank, while tracing and when it runs later (a `tf.py_function` body): there the
+    line it was converted from is used.
+    """
+    file, line = frame.f_code.co_filename, frame.f_lineno
+    file, line = _compat.autograph_origin(file, line) or (file, line)
+    return f"{os.path.basename(file)}:{line}"
 
 
 def _fail(kind, name, error):

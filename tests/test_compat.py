@@ -184,21 +184,59 @@ def test_is_function_graph_tells_a_tf_function_graph_from_a_tf1_graph():
         assert _compat.is_function_graph(graph) is False
 
 
-def test_source_stack_shows_autograph_converted_code_at_the_users_own_line():
+@tf.autograph.experimental.do_not_convert
+def _generated_caller():
+    """(file, line) of the innermost frame that runs code AutoGraph generated."""
+    frame = sys._getframe(1)
+    while "__autograph_generated_file" not in frame.f_code.co_filename:
+        frame = frame.f_back
+    return frame.f_code.co_filename, frame.f_lineno
+
+
+def test_autograph_origin_maps_converted_code_to_the_users_own_line_while_tracing():
     import inspect
 
-    stacks = []
+    origins = []
 
     @tf.function
     def traced(x):
         for _ in tf.range(2):  # AutoGraph turns the loop body into generated code
-            stacks.append(_compat.source_stack())
+            origins.append(_compat.autograph_origin(*_generated_caller()))
             x = x + 1
         return x
 
     traced(tf.constant(0))
-    line = inspect.getsourcelines(traced.python_function)[1] + 3
-    assert (__file__, line) in stacks[0], stacks[0][-4:]
+    line = inspect.getsourcelines(traced.python_function)[1] + 3  # from the decorator
+    assert origins[0] == (__file__, line)
+
+
+def _converted_later():
+    return _generated_caller()
+
+
+def test_autograph_origin_maps_converted_code_that_runs_after_the_trace():
+    import inspect
+
+    converted = tf.autograph.to_graph(_converted_later)
+    line = inspect.getsourcelines(_converted_later)[1] + 1
+    assert _compat.autograph_origin(*converted()) == (__file__, line)
+
+
+def test_autograph_origin_is_none_for_a_file_autograph_did_not_generate():
+    assert _compat.autograph_origin(__file__, 1) is None
+
+
+def test_in_py_function_is_true_in_a_py_function_body_only():
+    seen = []
+
+    def body(x):
+        seen.append(_compat.in_py_function())
+        return x
+
+    tf.py_function(body, [tf.constant(1.0)], tf.float32)
+    tf.function(lambda x: tf.numpy_function(body, [x], tf.float32))(tf.constant(1.0))
+    assert seen == [True, True]
+    assert _compat.in_py_function() is False
 
 
 def test_callbacks_setting_the_model_is_the_list_of_the_fit_that_set_it():
