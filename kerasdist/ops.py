@@ -331,7 +331,9 @@ def grouped_allreduce(
 
     Args:
       tensors: tensors of any supported numeric dtype; dtypes and shapes may differ.
-      op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``.
+      op: ``Average`` (default), ``Sum``, ``Min``, ``Max`` or ``Product``. Integers as in
+        `allreduce`: an exact ``Average`` (the integer tensors of a group travel as int64, in a
+        negotiation unit of their own), a ``Sum`` that wraps on overflow.
       name: optional name, equal on every rank; by default one is derived per call.
       prescale_factor: multiplies each input before the reduction (floats only).
       postscale_factor: multiplies each result after it (floats only).
@@ -362,6 +364,31 @@ def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_
     name = _tensor_name("allreduce", name)
     op = _check_reduce_op(op, _OpKind.ALLREDUCE, name)
     _check_dtypes("allreduce", _OpKind.ALLREDUCE, name, tensors, _REDUCIBLE_DTYPES)
+    integers = [i for i, t in enumerate(tensors) if t.dtype.is_integer] if op == Average else []
+    if not integers:
+        return _submit_allreduce(tensors, op, name, prescale_factor, postscale_factor, wire_dtypes)
+    others = [i for i in range(len(tensors)) if i not in integers]
+    results = [None] * len(tensors)
+    # The integers go first: their scale factors are refused (as for any integer tensor) before
+    # the rest of the group is sent.
+    parts = [_integer_average_parts(tensors[i]) for i in integers] + [tf.ones([1], tf.int64)]
+    *sums, contributors = _submit_allreduce(
+        parts, Sum, f"{name}.integers" if others else name, prescale_factor, postscale_factor, []
+    )
+    for i, summed in zip(integers, sums):
+        results[i] = _truncated_mean(summed, contributors[0], tensors[i].dtype)
+    if others:
+        # The wire formats apply to a prefix of the positions; the same tensors keep them.
+        others_wire = [wire_dtypes[i] for i in others if i < len(wire_dtypes)]
+        reduced = _submit_allreduce(
+            [tensors[i] for i in others], op, name, prescale_factor, postscale_factor, others_wire
+        )
+        for i, out in zip(others, reduced):
+            results[i] = out
+    return results
+
+
+def _submit_allreduce(tensors, op, name, prescale_factor, postscale_factor, wire_dtypes):
     return _ops().kerasdist_allreduce(
         tensors,
         _scale(prescale_factor),
@@ -374,12 +401,50 @@ def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_
     )
 
 
+# Integer Average. Summed in its own dtype, a sum of n values can wrap before the divide (int8
+# [100] and [100] gave -28), so an integer tensor travels as a Sum of int64 parts that cannot
+# overflow, divided here: exact for every integer dtype. Narrower types widen to int64 (their sum
+# fits for any number of ranks); int64 splits into its signed high and unsigned low 32 bits, whose
+# sums fit for up to 2**30 ranks. An allreduce also sums a 1 from every rank: the number of ranks
+# whose data went in, which join() makes smaller than size() while a rank has joined.
+_HALF = 2**32
+
+
+def _integer_average_parts(tensor):
+    """The int64 tensor whose Sum over ranks gives the exact sum of `tensor`'s values."""
+    if tensor.dtype != tf.int64:
+        return tf.cast(tensor, tf.int64)
+    high = tf.bitwise.right_shift(tensor, 32)  # arithmetic: keeps the sign
+    low = tf.bitwise.bitwise_and(tensor, _HALF - 1)
+    return tf.stack([high, low], axis=-1)
+
+
+def _truncated_mean(summed, count, dtype):
+    """`trunc(sum / count)` as `dtype`, from the Sum over `count` ranks of `_integer_average_parts`:
+    rounded toward zero, as TensorFlow's integer division does."""
+    if dtype != tf.int64:
+        return tf.cast(tf.truncatediv(summed, count), dtype)
+    # sum = high * 2**32 + low, with 0 <= low < count * 2**32. Dividing high first keeps every
+    # intermediate within int64: sum // count = (high // count) * 2**32 + rest // count.
+    high, low = summed[..., 0], summed[..., 1]
+    high_quotient = tf.math.floordiv(high, count)
+    rest = (high - high_quotient * count) * _HALF + low
+    rest_quotient = tf.math.floordiv(rest, count)
+    floor = high_quotient * _HALF + rest_quotient
+    # A negative sum that count does not divide was rounded down: one up rounds it toward zero.
+    return floor + tf.cast((floor < 0) & (rest - rest_quotient * count != 0), tf.int64)
+
+
 @_not_autographed
 def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_factor=1.0, compression=Compression.none):
     """Reduces ``tensor`` across ranks; every rank gets the result.
 
-    ``Average`` divides the sum by ``size()`` (integer tensors: truncating, like TF). An
-    ``IndexedSlices`` (an embedding gradient) is gathered instead of densified.
+    ``Average`` divides the sum by ``size()``. On integer tensors it is exact: the mean rounded
+    toward zero (as TensorFlow's integer division rounds), with no overflow even at the dtype's
+    limits; the tensor travels as int64 for that (twice that for int64). ``Sum`` and ``Product``
+    of integers wrap around on overflow, as NumPy's do (int8: 100 + 100 is -56): cast to a wider
+    dtype first if the result may not fit. An ``IndexedSlices`` (an embedding gradient) is
+    gathered instead of densified.
 
     Example:
 
@@ -523,6 +588,7 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
     """Reduces across ranks, then rank r keeps its dim-0 shard of the result.
 
     Rank r gets ``n // size + (1 if r < n % size else 0)`` rows: lower ranks take the remainder.
+    Integers as in `allreduce`: an exact ``Average``, a ``Sum`` that wraps on overflow.
 
     Example:
 
@@ -538,15 +604,21 @@ def reducescatter(tensor, op=Average, name=None, prescale_factor=1.0, postscale_
     name = _tensor_name("reducescatter", name)
     op = _check_reduce_op(op, _OpKind.REDUCESCATTER, name)
     _check_dtypes("reducescatter", _OpKind.REDUCESCATTER, name, [tensor], _REDUCIBLE_DTYPES)
-    return _ops().kerasdist_reducescatter(
-        tensor,
+    # A scalar goes as it is, for the engine to refuse (int64 parts would have a dimension).
+    exact_integer_average = op == Average and tensor.dtype.is_integer and tensor.shape.rank != 0
+    scattered = _ops().kerasdist_reducescatter(
+        _integer_average_parts(tensor) if exact_integer_average else tensor,
         _scale(prescale_factor),
         _scale(postscale_factor),
         tensor_name=name,
-        reduce_op=int(op),
+        reduce_op=int(Sum if exact_integer_average else op),
         blocking=tf.executing_eagerly(),
         execution=_execution(),
     )
+    if not exact_integer_average:
+        return scattered
+    # Every rank's data goes in: a reducescatter fails while a rank has joined.
+    return _truncated_mean(scattered, tf.constant(runtime.state().size, tf.int64), tensor.dtype)
 
 
 @_not_autographed

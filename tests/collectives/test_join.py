@@ -61,6 +61,20 @@ def test_integer_average_truncates_the_mean_of_the_ranks_still_running():
         np.testing.assert_array_equal(out.numpy(), np.sign(total) * (np.abs(total) // len(running)))
 
 
+@pytest.mark.parametrize("dtype", [tf.uint8, tf.int8, tf.int64], ids=lambda d: d.name)
+def test_integer_average_at_the_dtypes_limits_is_exact_over_the_ranks_still_running(dtype):
+    # Summed in the dtype itself, these wrapped before the divide.
+    steps_of = lambda r: r + 1  # noqa: E731
+    sent = lambda r: [dtype.max, dtype.max - r, dtype.min + r]  # noqa: E731
+    got = [kd.allreduce(tf.constant(sent(RANK), dtype)) for _ in range(steps_of(RANK))]
+    kd.join()
+    for step, out in enumerate(got):
+        running = _running(step, steps_of)
+        totals = [sum(column) for column in zip(*(sent(r) for r in running))]
+        expected = [t // len(running) if t >= 0 else -(-t // len(running)) for t in totals]
+        assert out.numpy().tolist() == expected, (step, running)
+
+
 _GROUP = [(tf.float32, (5,)), (tf.int32, (2, 3)), (tf.float64, (4, 1, 2)), (tf.float16, (6,)), (tf.float32, (2,))]
 
 
