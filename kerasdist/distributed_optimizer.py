@@ -371,10 +371,7 @@ class DistributedOptimizer(WrappingOptimizer):
         apply(reduced)
 
     def _same_weights_at_the_first_update(self, variables):
-        # BroadcastGlobalState sets this when the model was not built at fit's start: it can only
-        # broadcast after the first step, so the check's broadcast is the expected one, not news.
-        announce = not getattr(self, "_broadcast_follows_first_step", False)
-        return _same_weights_at_the_first_update(self.iterations, variables, announce)
+        return _same_weights_at_the_first_update(self.iterations, variables)
 
     def _accumulate(self, grads, trainable_variables):
         present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
@@ -504,35 +501,34 @@ class _LossScalingDistributedOptimizer(DistributedOptimizer, keras.optimizers.Lo
 
 _DIFFERENT_WEIGHTS = (
     "kerasdist: the ranks held different trainable weights at the first update, so each would have "
-    "trained its own model; rank 0's weights were broadcast to every rank first. Either the model was "
-    "not built when training started (no keras.Input or input shape: fit builds it in its first step, "
-    "so BroadcastGlobalState, or Horovod's BroadcastGlobalVariablesCallback, can broadcast only after "
-    "that step; start the model with keras.Input(shape) or call model.build(shape) before fit), or "
-    "nothing broadcast rank 0's state before training (for model.fit, pass "
-    "callbacks=kerasdist.callbacks(); in a custom loop, call "
-    "kerasdist.broadcast_variables(model.variables, root_rank=0) once they exist)."
+    "trained its own model; rank 0's weights were broadcast to every rank before it, but the first "
+    "step's gradients were computed from each rank's own weights. Nothing broadcast rank 0's state "
+    "before training: for model.fit, pass callbacks=kerasdist.callbacks() (or "
+    "kerasdist.callbacks.BroadcastGlobalState()); in a custom loop, call "
+    "kerasdist.broadcast_variables(model.variables, root_rank=0) once they exist, before the first "
+    "step (build the model first: model.build(shape) or a first call on a batch)."
 )
 
 
-def _same_weights_at_the_first_update(iterations, variables, announce=True):
+def _same_weights_at_the_first_update(iterations, variables):
     """Control dependencies that make every rank's weights rank 0's before the first update.
 
     Ranks initialise their weights independently: without a broadcast of rank 0's state they
     would each train their own model, with no error. At the first update (`iterations` 0), one
     allgather of exact checksums tells whether the ranks agree; if not, rank 0's trainable
     weights are broadcast and rank 0 says so. Every rank sees the same gathered checksums, so
-    every rank takes the same branch. `announce=False` keeps rank 0 quiet about it.
+    every rank takes the same branch.
     """
     if runtime.state().size == 1 or not variables:
         return []
 
     def check():
-        checksums = ops.allgather(tf.stack([_checksum(v) for v in variables])[tf.newaxis])
+        checksums = ops.allgather(tf.stack([bit_pattern_checksum(v) for v in variables])[tf.newaxis])
         differ = tf.reduce_any(tf.not_equal(checksums, checksums[:1]))
 
         def broadcast():
             ops.broadcast_variables(variables, root_rank=0)
-            if announce and runtime.state().rank == 0:
+            if runtime.state().rank == 0:
                 tf.print(_DIFFERENT_WEIGHTS, output_stream=sys.stderr)
             return tf.constant(True)
 
@@ -541,7 +537,7 @@ def _same_weights_at_the_first_update(iterations, variables, announce=True):
     return [tf.cond(tf.equal(iterations, 0), check, lambda: tf.constant(False))]
 
 
-def _checksum(variable):
+def bit_pattern_checksum(variable):
     """The sum of a variable's bit patterns, exact: ranks holding equal values get equal sums
     whatever order their reductions add in (a float sum could differ in its last bits)."""
     value = tf.convert_to_tensor(variable)

@@ -4,6 +4,7 @@ Used by the callbacks (broadcast, checkpoint resume) and by the Estimator."""
 
 import warnings
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -30,23 +31,42 @@ def model_state_variables(model):
     return [v for v in model.variables if not v.path.endswith("seed_generator_state")]
 
 
-def training_state_variables(model):
-    """`model_state_variables(model)`, then the variables of the model's optimizer (if built)."""
-    variables = model_state_variables(model)
+def optimizers_of(model):
+    """The model's optimizers, in the same order on every rank: `model.optimizer`, then any
+    optimizer the model holds as an attribute (a GAN's `compile` keeps one per sub-model), by
+    attribute name."""
+    found = {}
     optimizer = getattr(model, "optimizer", None)
-    if optimizer is not None and optimizer.built:
-        variables += list(optimizer.variables)
+    if isinstance(optimizer, keras.optimizers.Optimizer):
+        found[id(optimizer)] = optimizer
+    for _, value in sorted(vars(model).items()):
+        if isinstance(value, keras.optimizers.Optimizer):
+            found.setdefault(id(value), value)
+    return list(found.values())
+
+
+def training_state_variables(model):
+    """`model_state_variables(model)`, then the variables of each of the model's optimizers that
+    is built (`optimizers_of`)."""
+    variables = model_state_variables(model)
+    for optimizer in optimizers_of(model):
+        if optimizer.built:
+            variables += list(optimizer.variables)
     return variables
 
 
-def per_rank_variables(model):
-    """The optimizer variables whose values differ between ranks (a `DistributedOptimizer`'s
+def optimizer_per_rank_variables(optimizer):
+    """The variables of `optimizer` whose values differ between ranks (a `DistributedOptimizer`'s
     partial sums, held gradients, 1-bit residuals), also under a wrapper such as Keras's
     `LossScaleOptimizer`; empty for other optimizers or before the optimizer is built."""
-    optimizer = getattr(model, "optimizer", None)
     while optimizer is not None and not hasattr(optimizer, "per_rank_variables"):
         optimizer = getattr(optimizer, "inner_optimizer", None)
     return [] if optimizer is None else optimizer.per_rank_variables()
+
+
+def per_rank_variables(model):
+    """`optimizer_per_rank_variables` of `model.optimizer`."""
+    return optimizer_per_rank_variables(getattr(model, "optimizer", None))
 
 
 def reset_per_rank_state(model):

@@ -1,25 +1,32 @@
 """Start every rank from the same model and optimizer state."""
 
-import keras
+import itertools
 
-from kerasdist import data, ops, runtime, training_state
+import keras
+import tensorflow as tf
+
+from kerasdist import _compat, data, ops, runtime, training_state
+from kerasdist.training_state import model_state_variables
 
 
 class BroadcastGlobalState(keras.callbacks.Callback):
-    """Gives every rank `root_rank`'s model and optimizer variables before the first update.
+    """Gives every rank `root_rank`'s model and optimizer variables before the first step.
 
     Ranks initialise their weights independently; without this, each would train its own
-    model. At `on_train_begin` the optimizer's variables are created (Keras would otherwise
-    defer them to the first step) and all of them, with the model's, are broadcast. A model
-    that is not built before `fit` (a subclassed model without input shapes) cannot be
-    broadcast then: it is broadcast after the first step instead. A `DistributedOptimizer`
-    gives every rank rank 0's trainable weights before that first update by itself (its
-    first-update check), so the first update starts from rank 0's weights too.
+    model. At `on_train_begin` every variable that exists is broadcast. Keras creates the rest
+    inside the first step: an optimizer's state at its first `apply`, and the weights of a model
+    without input shapes (a subclassed model, layers a custom `train_step` builds on first use,
+    a GAN's second optimizer). Then the train function is traced ahead of that step, everything
+    the trace created is broadcast, and only then does the step run, so its forward pass already
+    uses `root_rank`'s weights (with `run_eagerly=True`, each variable the step creates takes
+    `root_rank`'s initial value as it is created). "Everything" is every variable of the model
+    and of each of its optimizers: `model.optimizer` and any optimizer the model holds as an
+    attribute. Dropout seed states stay per rank (see `training_state_variables`).
 
     It also checks that every rank will run the same number of steps per epoch (when Keras
-    knows the number) and raises the same `ValueError` on every rank if not. Dropout seed
-    states stay per rank (see `training_state_variables`). A model compiled with
-    `jit_compile=True` is switched to `False` with a warning: kerasdist's ops do not run under XLA.
+    knows the number) and raises the same `ValueError` on every rank if not. A model compiled
+    with `jit_compile=True` is switched to `False` with a warning: kerasdist's ops do not run
+    under XLA.
 
     Args:
         root_rank: the rank whose state everyone takes. Defaults to 0.
@@ -39,58 +46,104 @@ class BroadcastGlobalState(keras.callbacks.Callback):
     def __init__(self, root_rank=0):
         super().__init__()
         self.root_rank = root_rank
-        self._pending = False
 
     def set_model(self, model):
         super().set_model(model)
         training_state.turn_off_xla(model)
 
     def on_train_begin(self, logs=None):
-        if runtime.state().size > 1:
-            # Unequal epochs would pair one rank's last gradient allreduce with another's next
-            # epoch: fail now, on every rank, instead. Unknown lengths (None) cannot be checked.
-            data.check_equal_steps(self.params.get("steps"), what="steps per epoch in fit")
-        self._pending = not training_state.build_optimizer(self.model) or not self.model.built
-        # DistributedOptimizer makes the ranks' weights agree at the first update by itself; it
-        # need not say so when this callback's broadcast was bound to come after it.
-        self.model.optimizer._broadcast_follows_first_step = self._pending
-        if not self._pending:
-            self._broadcast()
+        if runtime.state().size == 1:
+            return
+        # Unequal epochs would pair one rank's last gradient allreduce with another's next
+        # epoch: fail now, on every rank, instead. Unknown lengths (None) cannot be checked.
+        data.check_equal_steps(self.params.get("steps"), what="steps per epoch in fit")
+        self._broadcast()  # what exists now, so that every callback sees rank 0's state from here on
+        if not self._state_is_complete():
+            self._broadcast_before_the_first_step()
 
-    def on_train_batch_end(self, batch, logs=None):
-        if self._pending:
-            self._pending = False
-            self._broadcast()
+    def _state_is_complete(self):
+        """Whether every variable the first step will use exists already. Keras builds an
+        optimizer at its first `apply` (building it here from today's variables would leave out
+        those a partly built model creates in that step, and Keras would then refuse them), and
+        a model that is not built creates its weights in that step."""
+        return self.model.built and all(optimizer.built for optimizer in training_state.optimizers_of(self.model))
+
+    def _broadcast_before_the_first_step(self):
+        train_function = self.model.train_function
+
+        def first_step(iterator):
+            self.model.train_function = train_function
+            if _compat.trace_train_function(train_function, iterator):
+                self._broadcast()
+                return train_function(iterator)
+            # run_eagerly: the variables the step creates as it runs take root_rank's initial
+            # value as they are created.
+            with tf.variable_creator_scope(_initial_values_from(self.root_rank)):
+                return train_function(iterator)
+
+        self.model.train_function = first_step
 
     def _broadcast(self):
-        if runtime.state().size > 1:
-            check_same_variable_shapes(training_state.training_state_variables(self.model), self.root_rank)
+        check_same_variable_shapes(self.model, self.root_rank)
         training_state.broadcast_training_state(self.model, self.root_rank)
 
 
-def check_same_variable_shapes(variables, root_rank):
-    """Raises the same `ValueError` on every rank when the ranks' `variables` differ in number,
-    shape or dtype (different models or optimizers), naming the first difference. A collective.
+def _initial_values_from(root_rank):
+    """A variable creator that gives each new variable `root_rank`'s initial value, so that a
+    step run eagerly computes with the same weights on every rank from its first operation.
+    Seed states stay each rank's own (see `training_state.model_state_variables`)."""
+    created = itertools.count()
+
+    def creator(next_creator, **arguments):
+        initial_value = arguments.get("initial_value")
+        if not str(arguments.get("name") or "").endswith("seed_generator_state") and initial_value is not None:
+            value = initial_value() if callable(initial_value) else initial_value
+            arguments["initial_value"] = ops.broadcast(
+                tf.convert_to_tensor(value), root_rank=root_rank, name=f"kerasdist.initial_value#{next(created)}"
+            )
+        return next_creator(**arguments)
+
+    return creator
+
+
+def check_same_variable_shapes(model, root_rank):
+    """Raises the same `ValueError` on every rank when the ranks' models or optimizers differ in
+    their variables' number, shape or dtype, naming the first difference. A collective.
 
     The broadcast itself would fail too, but on packed buffers ("rank 0 sent shape [23]; rank 1
     sent shape [28]") that name neither the models nor a variable.
     """
-    own = [(variable.path, tuple(variable.shape), str(variable.dtype)) for variable in variables]
+    own = [("the model", model_state_variables(model))] + [
+        (f"optimizer '{optimizer.name}'", list(optimizer.variables) if optimizer.built else [])
+        for optimizer in training_state.optimizers_of(model)
+    ]
+    own = [(owner, [(v.path, tuple(v.shape), str(v.dtype)) for v in variables]) for owner, variables in own]
     every_rank = ops.allgather_object(own)
     root = every_rank[root_rank]
     for rank, theirs in enumerate(every_rank):
-        if [entry[1:] for entry in theirs] == [entry[1:] for entry in root]:
-            continue
-        if len(theirs) != len(root):
-            difference = f"rank {root_rank} has {len(root)} variables, rank {rank} has {len(theirs)}"
-        else:
-            at = next(i for i, (a, b) in enumerate(zip(root, theirs)) if a[1:] != b[1:])
-            difference = (
-                f"variable {at}: rank {root_rank} has {root[at][0]!r} of shape {root[at][1]} ({root[at][2]}), "
-                f"rank {rank} has {theirs[at][0]!r} of shape {theirs[at][1]} ({theirs[at][2]})"
+        for (owner, expected), (_, held) in zip(root, theirs):
+            if [entry[1:] for entry in held] == [entry[1:] for entry in expected]:
+                continue
+            if not expected or not held:
+                with_state, without = (root_rank, rank) if expected else (rank, root_rank)
+                raise ValueError(
+                    f"kerasdist: {owner} holds state on rank {with_state} and none yet on rank {without}, so "
+                    f"the ranks would not start alike: something built or restored it on some ranks only (a "
+                    "BackupAndRestore or load_weights given to one rank, or an apply() before fit on one rank). "
+                    "Give every rank the same callbacks and code, or resume with "
+                    "kerasdist.callbacks(checkpoint_dir=..., resume=True), which resumes every rank from "
+                    f"rank {root_rank}'s checkpoint."
+                )
+            if len(held) != len(expected):
+                difference = f"rank {root_rank} has {len(expected)} variables, rank {rank} has {len(held)}"
+            else:
+                at = next(i for i, (a, b) in enumerate(zip(expected, held)) if a[1:] != b[1:])
+                difference = (
+                    f"variable {at}: rank {root_rank} has {expected[at][0]!r} of shape {expected[at][1]} "
+                    f"({expected[at][2]}), rank {rank} has {held[at][0]!r} of shape {held[at][1]} ({held[at][2]})"
+                )
+            raise ValueError(
+                f"kerasdist: the ranks' models or optimizer states differ, so rank {root_rank}'s cannot be "
+                f"broadcast to every rank: in {owner}, {difference}. Build the same model (the same layers "
+                "and sizes) and compile it with the same optimizer on every rank."
             )
-        raise ValueError(
-            f"kerasdist: the ranks' models or optimizer states differ, so rank {root_rank}'s cannot be "
-            f"broadcast to every rank: {difference}. Build the same model (the same layers and sizes) "
-            "and compile it with the same optimizer on every rank."
-        )

@@ -294,8 +294,8 @@ def test_a_model_built_by_fit_s_first_step_trains_alike_on_every_rank_without_a_
     model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
     callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
     model.fit(np.ones((4, 3)), np.ones((4, 1)), batch_size=2, verbose=0, callbacks=callbacks)
-    # The script is right: the broadcast callback can only run after the first step, and the
-    # optimizer's own first-update check gave every rank rank 0's weights before that update.
+    # The script is right: the broadcast callback traces the first step ahead of running it and
+    # broadcasts the weights that trace created, so no rank computes with its own.
     assert "different trainable weights" not in capfd.readouterr().err
     kernels = hvd.allgather_object(model.get_weights()[0].tolist())
     assert all(kernel == kernels[0] for kernel in kernels)
