@@ -247,3 +247,95 @@ def replace_metrics_result(model, make_result):
 
     model.get_metrics_result = get_metrics_result
     model._get_metrics_result_or_logs = get_metrics_result_or_logs
+
+
+# tf.data keeps what decides a dataset's element order in its Python objects (a shuffle's seeds, a
+# parallel step's `deterministic`) and lists a dataset's inputs and functions through private
+# methods; no public call reads them back. Serializing the whole pipeline instead
+# (tf.raw_ops.DatasetToGraphV2) copies every in-memory tensor it holds: 1.7 s for 400 MB.
+_ORDER_CHECK = "checking that a dataset's elements come in the same order on every rank before kerasdist.data.shard"
+_RANDOM_DATASETS = (
+    (_private("tensorflow.python.data.ops.shuffle_op", "_ShuffleDataset", _ORDER_CHECK), "Dataset.shuffle"),
+    (_private("tensorflow.python.data.ops.random_op", "_RandomDataset", _ORDER_CHECK), "Dataset.random"),
+    (
+        _private("tensorflow.python.data.experimental.ops.global_shuffle_op", "_GlobalShuffleDataset", _ORDER_CHECK),
+        "tf.data.experimental.global_shuffle",
+    ),
+)
+_ParallelInterleaveDataset = _private(
+    "tensorflow.python.data.ops.interleave_op", "_ParallelInterleaveDataset", _ORDER_CHECK
+)
+_PARALLEL_DATASETS = (
+    (_private("tensorflow.python.data.ops.map_op", "_ParallelMapDataset", _ORDER_CHECK), "Dataset.map"),
+    (_private("tensorflow.python.data.ops.batch_op", "_ParallelBatchDataset", _ORDER_CHECK), "Dataset.batch"),
+    (_ParallelInterleaveDataset, "Dataset.interleave"),
+    (
+        _private("tensorflow.python.data.ops.readers", "ParallelInterleaveDataset", _ORDER_CHECK),
+        "tf.data.experimental.parallel_interleave",
+    ),
+)
+_FilterDataset = _private("tensorflow.python.data.ops.filter_op", "_FilterDataset", _ORDER_CHECK)
+
+
+def dataset_inputs(dataset):
+    """The datasets `dataset` reads from (a zip or `sample_from_datasets` has several)."""
+    return list(dataset._inputs())
+
+
+def dataset_function_graphs(dataset):
+    """The graphs of the functions `dataset` applies (map, filter, interleave, ...), whose ops
+    include any dataset built inside them."""
+    return [wrapper.function.graph for wrapper in dataset._functions()]
+
+
+def is_filter(dataset):
+    """True for a `Dataset.filter`, whose function decides which elements are kept."""
+    return isinstance(dataset, _FilterDataset)
+
+
+def dataset_random_seeds(dataset):
+    """`(transformation, seed, seed2)` for a dataset that draws random numbers (a shuffle,
+    `Dataset.random`), with the seeds tf.data derived from the op seed and the global seed: both
+    0 when neither was set, so that each iteration draws afresh; a seed that is not a constant is
+    None. None for other datasets."""
+    for kind, transformation in _RANDOM_DATASETS:
+        if isinstance(dataset, kind):
+            return transformation, _constant_int(dataset._seed), _constant_int(dataset._seed2)
+    return None
+
+
+def _constant_int(tensor):
+    value = tf.get_static_value(tensor)
+    return None if value is None else int(value)
+
+
+def dataset_determinism(dataset):
+    """`(transformation, deterministic)` for a parallel map, batch or interleave: "true",
+    "false", or "default" (the pipeline's `tf.data.Options.deterministic` decides, true unless
+    set); None for other datasets, and where it cannot be read."""
+    for kind, transformation in _PARALLEL_DATASETS:
+        if isinstance(dataset, kind):
+            if hasattr(dataset, "_deterministic"):
+                return transformation, dataset._deterministic
+            return transformation, _serialized_determinism(dataset)
+    return None
+
+
+def _serialized_determinism(dataset):
+    """`Dataset.interleave` keeps its setting in its op only: serialize the pipeline up to it
+    (typically file names) and read the op's attribute."""
+    if not tf.executing_eagerly():
+        return None
+    try:
+        serialized = tf.raw_ops.DatasetToGraphV2(
+            input_dataset=dataset._variant_tensor,
+            external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE.value,
+            strip_device_assignment=True,
+        )
+    except tf.errors.OpError:  # a dataset that cannot be serialized
+        return None
+    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+    nodes = {node.name: node for node in graph.node}
+    output = next(node for node in graph.node if node.op == "_Retval")
+    produced_by = nodes[output.input[0].split(":")[0]]
+    return produced_by.attr["deterministic"].s.decode() if "deterministic" in produced_by.attr else None

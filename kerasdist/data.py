@@ -18,7 +18,7 @@ import os
 import keras
 import tensorflow as tf
 
-from kerasdist import ops, runtime
+from kerasdist import _compat, ops, runtime
 
 # Odd, so `rank * stride` is distinct modulo 2**32 for every rank; large, so nearby base
 # seeds (0, 1, 2, ...) do not hand one run's rank-0 seed to another run's rank 1.
@@ -43,6 +43,17 @@ def shard(data, *, drop_remainder=False, batch_size=None):
     That is fine as long as every rank still runs the same number of steps: give `batch_size`
     to have it checked.
 
+    A dataset must give its elements in the same order on every rank up to the shard, or the
+    shards overlap and leave elements out. `shard` refuses a dataset in which, before the shard,
+    a `shuffle` or `Dataset.random` has no seed (as `Dataset.list_files` shuffles by default,
+    and `Dataset.sample_from_datasets` draws), a parallel `map`, `interleave` or `batch` has
+    `deterministic=False` (or `tf.data.Options.deterministic` is False), or a `filter` draws
+    unseeded random numbers; with several ranks, also random steps seeded differently on each
+    rank (by `seed_for_rank`, or after `set_random_seed_for_rank`): comparing their seeds makes
+    `shard` a collective whenever a seeded random step comes before it. Shard first, then
+    shuffle. A seed given to the step, or a global seed set alike on every rank
+    (`tf.random.set_seed`) before the pipeline is built, passes.
+
     Args:
         data: A `tf.data.Dataset`, a NumPy array, or a tuple, list or dict of NumPy arrays.
         drop_remainder: Whether to drop the last `n % size` elements so that every rank gets
@@ -61,8 +72,9 @@ def shard(data, *, drop_remainder=False, batch_size=None):
         This rank's shard, of the same kind as `data`.
 
     Raises:
-        ValueError: If the arrays have different numbers of rows, or (with `batch_size`) the
-            ranks would run different numbers of steps.
+        ValueError: If the arrays have different numbers of rows, if the dataset's order before
+            the shard may differ by rank (naming the step and the fix), or (with `batch_size`)
+            the ranks would run different numbers of steps.
 
     Example:
 
@@ -79,12 +91,177 @@ def shard(data, *, drop_remainder=False, batch_size=None):
     """
     rank, size = _rank_and_size()
     if isinstance(data, tf.data.Dataset):
+        _check_same_order_on_every_rank(data, size)
         sharded, rank_elements = _shard_dataset(data, rank, size, drop_remainder)
     else:
         sharded, rank_elements = _shard_arrays(data, rank, size, drop_remainder)
     if batch_size is not None and rank_elements is not None:
         check_equal_steps(steps_per_epoch(rank_elements, batch_size), what=f"batches of {batch_size} per epoch")
     return sharded
+
+
+def _check_same_order_on_every_rank(dataset, size):
+    """Raises ValueError on every rank if, before the shard, `dataset` may give its elements in
+    another order (or other elements) on each rank: each rank would then take its every size-th
+    element of another sequence, so the shards would overlap and leave elements out, silently.
+
+    What may differ is found in the pipeline itself: random steps without a seed, parallel steps
+    allowed to reorder, a filter that draws unseeded random numbers. Seeded random steps are
+    compared across ranks (a collective, made only when there are some: the pipeline, and so the
+    decision, is the same on every rank), since a seed can differ by rank too.
+    """
+    causes, seeds = _order_dependencies(dataset)
+    if causes:
+        raise ValueError(
+            "kerasdist.data.shard: before the shard, this dataset can give its elements in a different "
+            "order (or different elements) on each rank, so the ranks' shards would overlap and leave "
+            f"elements out, without an error. It has {'; '.join(causes)}. Shard first and shuffle the "
+            "shard (kerasdist.data.shard(dataset).shuffle(...), seeded per rank with "
+            "kerasdist.data.seed_for_rank if you like), or make the steps before the shard "
+            "deterministic as said."
+        )
+    if size == 1 or not seeds:
+        return
+    every_rank = ops.allgather_object(seeds)
+    if all(theirs == seeds for theirs in every_rank):
+        return
+    listing = "; ".join(
+        f"rank {rank}: " + ", ".join(f"{what} seeds {seed}, {seed2}" for what, seed, seed2 in theirs)
+        for rank, theirs in enumerate(every_rank)
+    )
+    raise ValueError(
+        "kerasdist.data.shard: the random steps before the shard are seeded differently on each rank, "
+        "so each rank would take its shard from another order of the elements and the shards would "
+        f"overlap and leave elements out ({listing}). Seed them alike on every rank: not with "
+        "kerasdist.data.seed_for_rank (it is for after the shard), and not after "
+        "kerasdist.data.set_random_seed_for_rank, which sets a different global seed on each rank "
+        "(tf.data derives its seeds from it). Or shard first and shuffle after."
+    )
+
+
+# Ops of datasets built inside a tf.data function (say an interleave's), by type: what the user
+# called, and the position of its `seed` input (`seed2` follows it).
+_RANDOM_DATASET_OPS = {
+    "ShuffleDataset": ("Dataset.shuffle", 2),
+    "ShuffleDatasetV3": ("Dataset.shuffle", 2),
+    "ShuffleAndRepeatDataset": ("Dataset.shuffle", 2),
+    "ShuffleAndRepeatDatasetV2": ("Dataset.shuffle", 2),
+    "RandomDataset": ("Dataset.random", 0),
+    "RandomDatasetV2": ("Dataset.random", 0),
+    "GlobalShuffleDataset": ("tf.data.experimental.global_shuffle", 1),
+}
+_PARALLEL_DATASET_OPS = {
+    "ParallelMapDatasetV2": "Dataset.map",
+    "ParallelInterleaveDatasetV4": "Dataset.interleave",
+    "ParallelBatchDataset": "Dataset.batch",
+    "ParallelFilterDataset": "Dataset.filter",
+    "LegacyParallelInterleaveDatasetV2": "tf.data.experimental.parallel_interleave",
+}
+# Stateful random ops: with seed and seed2 attributes both 0, each run draws afresh.
+_RANDOM_OPS = frozenset(
+    [
+        "RandomUniform",
+        "RandomUniformInt",
+        "RandomStandardNormal",
+        "TruncatedNormal",
+        "Multinomial",
+        "RandomShuffle",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+    ]
+)
+
+
+def _unseeded(transformation):
+    fix = "give it seed=, the same on every rank, or call tf.random.set_seed alike on every rank before building it"
+    if transformation == "Dataset.shuffle":
+        fix += "; Dataset.list_files shuffles this way unless given shuffle=False or seed="
+    elif transformation == "Dataset.random":
+        fix += "; Dataset.sample_from_datasets draws from one unless given seed="
+    return f"{transformation} without a seed ({fix})"
+
+
+def _reordering(transformation):
+    return f"{transformation} with deterministic=False (leave it out: the default keeps the order)"
+
+
+_RANDOM_FILTER = (
+    "a Dataset.filter whose predicate draws unseeded random numbers (it keeps other elements on each "
+    "rank: seed the draw alike on every rank, or filter after the shard)"
+)
+
+
+def _order_dependencies(dataset):
+    """What in `dataset` and the datasets it reads from can give elements in another order on each
+    rank (phrases naming the step and its fix), and every seeded random step as
+    `(transformation, seed, seed2)`, in the pipeline's order."""
+    causes, seeds = [], []
+    if dataset.options().deterministic is False:
+        causes.append(
+            "tf.data.Options.deterministic = False (it lets every parallel step reorder elements: "
+            "leave it at its default)"
+        )
+    pending, seen = [dataset], set()
+    while pending:
+        step = pending.pop()
+        if id(step) in seen:  # a dataset read twice (a zip of it with itself)
+            continue
+        seen.add(id(step))
+        random = _compat.dataset_random_seeds(step)
+        if random is not None:
+            if random[1:] == (0, 0):
+                causes.append(_unseeded(random[0]))
+            else:
+                seeds.append(random)
+        parallel = _compat.dataset_determinism(step)
+        if parallel is not None and parallel[1] == "false":
+            causes.append(_reordering(parallel[0]))
+        for graph in _compat.dataset_function_graphs(step):
+            graph_def = graph.as_graph_def()
+            _order_dependencies_in_graph(graph_def, causes, seeds)
+            if _compat.is_filter(step) and _draws_unseeded(graph_def.node):
+                causes.append(_RANDOM_FILTER)
+        pending.extend(reversed(_compat.dataset_inputs(step)))
+    return list(dict.fromkeys(causes)), seeds
+
+
+def _order_dependencies_in_graph(graph_def, causes, seeds):
+    """`_order_dependencies` for the datasets built inside a tf.data function, from its graph and
+    the functions it calls."""
+    functions = {function.signature.name: function.node_def for function in graph_def.library.function}
+    for nodes in [graph_def.node, *functions.values()]:
+        by_name = {node.name: node for node in nodes}
+        for node in nodes:
+            if node.op in _RANDOM_DATASET_OPS:
+                transformation, position = _RANDOM_DATASET_OPS[node.op]
+                seed, seed2 = (_constant(by_name, node.input[position + i]) for i in (0, 1))
+                if (seed, seed2) == (0, 0):
+                    causes.append(_unseeded(transformation))
+                else:
+                    seeds.append((transformation, seed, seed2))
+            elif node.op in _PARALLEL_DATASET_OPS and node.attr["deterministic"].s == b"false":
+                causes.append(_reordering(_PARALLEL_DATASET_OPS[node.op]))
+            elif node.op == "FilterDataset" and _draws_unseeded(functions.get(node.attr["predicate"].func.name, [])):
+                causes.append(_RANDOM_FILTER)
+
+
+def _constant(by_name, input_name):
+    """The int value of the Const node an input names (`name`, `name:0` or `name:output:0`); None
+    for anything else."""
+    node = by_name.get(input_name.lstrip("^").split(":")[0])
+    if node is not None and node.op == "SelectV2":
+        # tf.data's seed2 inside a function: where(seed == 0 and seed2 == 0, 2**31 - 1, seed2).
+        # Its seed2 is what tells ranks apart.
+        return _constant(by_name, node.input[2])
+    if node is None or node.op != "Const":
+        return None
+    value = tf.make_ndarray(node.attr["value"].tensor)
+    return int(value) if value.size == 1 else None
+
+
+def _draws_unseeded(nodes):
+    return any(node.op in _RANDOM_OPS and node.attr["seed"].i == 0 and node.attr["seed2"].i == 0 for node in nodes)
 
 
 def _shard_dataset(dataset, rank, size, drop_remainder):
@@ -202,7 +379,8 @@ def seed_for_rank(base_seed):
 
     Distinct on every rank and the same from run to run; rank 0 keeps `base_seed`, so a
     single-process run draws what the same script without kerasdist draws. Use it where ranks
-    should differ: shuffling each rank's shard, random augmentation.
+    should differ: shuffling each rank's shard, random augmentation; not for a shuffle before
+    `shard`, which must order the elements alike on every rank (`shard` refuses it).
 
     Args:
         base_seed: Int, the same on every rank.
@@ -226,7 +404,9 @@ def set_random_seed_for_rank(base_seed):
     NumPy and the backend with this rank's seed, and returns that seed.
 
     Draws made after the call differ across ranks: shuffles, augmentation, the dropout masks
-    of layers created after it, and the initial weights of models built after it. Broadcast
+    of layers created after it, and the initial weights of models built after it. So do the
+    seeds tf.data derives for a pipeline built after it, seeded or not: shuffle such a pipeline
+    after `shard` only (`shard` refuses a random step before it). Broadcast
     those weights from rank 0 (kerasdist's broadcast callback in `fit`, or
     `kerasdist.broadcast_variables`) so that the replicas start equal.
 

@@ -269,3 +269,60 @@ def test_thread_spinning_is_left_alone_once_the_runtime_has_started():
     tf.ones(2) + 1
     _compat.stop_thread_spinning()
     assert not context.context().config.experimental.disable_thread_spinning
+
+
+def test_dataset_inputs_are_the_datasets_it_reads_from():
+    first, second = tf.data.Dataset.range(3), tf.data.Dataset.range(4)
+    zipped = tf.data.Dataset.zip(first, second)
+    assert _compat.dataset_inputs(zipped) == [first, second]
+    assert _compat.dataset_inputs(first) == []
+
+
+def test_dataset_function_graphs_hold_the_ops_of_the_functions_it_applies():
+    mapped = tf.data.Dataset.range(3).interleave(lambda x: tf.data.Dataset.range(x).shuffle(2))
+    (graph,) = _compat.dataset_function_graphs(mapped)
+    assert "ShuffleDatasetV3" in [op.type for op in graph.get_operations()]
+    assert _compat.dataset_function_graphs(tf.data.Dataset.range(3)) == []
+
+
+def test_is_filter_tells_a_filter_from_other_datasets():
+    assert _compat.is_filter(tf.data.Dataset.range(3).filter(lambda x: x > 0))
+    assert not _compat.is_filter(tf.data.Dataset.range(3).map(lambda x: x))
+
+
+def test_dataset_random_seeds_are_zero_unseeded_and_follow_the_op_and_global_seeds():
+    tf.random.set_seed(None)
+    try:
+        assert _compat.dataset_random_seeds(tf.data.Dataset.range(3).shuffle(3)) == ("Dataset.shuffle", 0, 0)
+        assert _compat.dataset_random_seeds(tf.data.Dataset.random()) == ("Dataset.random", 0, 0)
+        _, seed, seed2 = _compat.dataset_random_seeds(tf.data.Dataset.range(3).shuffle(3, seed=7))
+        assert seed != 0 and seed2 == 7
+        tf.random.set_seed(1234)
+        _, seed, seed2 = _compat.dataset_random_seeds(tf.data.Dataset.range(3).shuffle(3))
+        tf.random.set_seed(1234)
+        assert seed == 1234 and (seed, seed2) == _compat.dataset_random_seeds(tf.data.Dataset.range(3).shuffle(3))[1:]
+    finally:
+        tf.random.set_seed(None)
+    assert _compat.dataset_random_seeds(tf.data.Dataset.range(3)) is None
+
+
+@pytest.mark.parametrize("deterministic, expected", [(None, "default"), (True, "true"), (False, "false")])
+def test_dataset_determinism_is_read_from_each_parallel_step(deterministic, expected):
+    source = tf.data.Dataset.range(8)
+    steps = {
+        "Dataset.map": source.map(lambda x: x, num_parallel_calls=2, deterministic=deterministic),
+        "Dataset.batch": source.batch(2, num_parallel_calls=2, deterministic=deterministic),
+        "Dataset.interleave": source.interleave(
+            lambda x: tf.data.Dataset.range(x), num_parallel_calls=2, deterministic=deterministic
+        ),
+        "tf.data.experimental.parallel_interleave": source.apply(
+            tf.data.experimental.parallel_interleave(
+                lambda x: tf.data.Dataset.range(x),
+                cycle_length=2,
+                sloppy=None if deterministic is None else not deterministic,
+            )
+        ),
+    }
+    for transformation, step in steps.items():
+        assert _compat.dataset_determinism(step) == (transformation, expected)
+    assert _compat.dataset_determinism(source.map(lambda x: x)) is None

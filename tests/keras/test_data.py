@@ -5,6 +5,7 @@ without kerasdist.data (element i belongs to rank i % SIZE), and allgather_objec
 rank check the union of all shards.
 """
 
+import os
 import random
 import re
 
@@ -215,6 +216,150 @@ def test_set_random_seed_for_rank_seeds_python_numpy_and_tensorflow_per_rank():
     assert float(tf.random.uniform([])) == tf_draw  # reproducible ...
     everyone = kd.allgather_object(draws + (tf_draw,))
     assert len(set(everyone)) == SIZE  # ... and different on every rank
+
+
+# ------------------------------------------------ an element order that is the same on every rank
+
+N_ELEMENTS = 100
+
+
+@pytest.fixture
+def no_global_seed():
+    """Each case starts without a global seed (an earlier test may have set one per rank) and
+    leaves none behind."""
+    tf.random.set_seed(None)
+    yield
+    tf.random.set_seed(None)
+
+
+def _files(tmp_path):
+    for i in range(10):
+        (tmp_path / f"part{i}.txt").write_text(str(i))
+    return str(tmp_path / "part*.txt")
+
+
+def _sample_of_two(seed):
+    evens, odds = tf.data.Dataset.range(0, N_ELEMENTS, 2), tf.data.Dataset.range(1, N_ELEMENTS, 2)
+    return tf.data.Dataset.sample_from_datasets([evens, odds], seed=seed)
+
+
+def _unordered_options():
+    options = tf.data.Options()
+    options.deterministic = False
+    return tf.data.Dataset.range(N_ELEMENTS).map(lambda x: x, num_parallel_calls=2).with_options(options)
+
+
+# What makes the order before the shard differ by rank, and what the refusal must name.
+_REFUSED = {
+    "unseeded_shuffle": (
+        lambda files: tf.data.Dataset.range(N_ELEMENTS).shuffle(N_ELEMENTS),
+        "Dataset.shuffle without a seed",
+    ),
+    "list_files_default": (lambda files: tf.data.Dataset.list_files(files), "Dataset.list_files shuffles"),
+    "map_not_deterministic": (
+        lambda files: tf.data.Dataset.range(N_ELEMENTS).map(lambda x: x, num_parallel_calls=2, deterministic=False),
+        "Dataset.map with deterministic=False",
+    ),
+    "interleave_not_deterministic": (
+        lambda files: tf.data.Dataset.range(4).interleave(
+            lambda i: tf.data.Dataset.range(i, N_ELEMENTS, 4), num_parallel_calls=2, deterministic=False
+        ),
+        "Dataset.interleave with deterministic=False",
+    ),
+    "batch_not_deterministic": (
+        lambda files: tf.data.Dataset.range(N_ELEMENTS).batch(10, num_parallel_calls=2, deterministic=False),
+        "Dataset.batch with deterministic=False",
+    ),
+    "options_not_deterministic": (lambda files: _unordered_options(), "tf.data.Options.deterministic = False"),
+    "unseeded_sample_from_datasets": (lambda files: _sample_of_two(None), "Dataset.sample_from_datasets"),
+    "unseeded_random": (lambda files: tf.data.Dataset.random().take(N_ELEMENTS), "Dataset.random without a seed"),
+    "unseeded_shuffle_inside_interleave": (
+        lambda files: tf.data.Dataset.range(4).interleave(
+            lambda i: tf.data.Dataset.range(i, N_ELEMENTS, 4).shuffle(25)
+        ),
+        "Dataset.shuffle without a seed",
+    ),
+    "unseeded_random_filter": (
+        lambda files: tf.data.Dataset.range(N_ELEMENTS).filter(lambda x: tf.random.uniform([]) < 0.5),
+        "Dataset.filter whose predicate draws unseeded random numbers",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_REFUSED))
+def test_shard_refuses_a_dataset_whose_order_may_differ_by_rank_naming_the_step_and_the_fix(
+    case, tmp_path, no_global_seed
+):
+    make, named = _REFUSED[case]
+    dataset = make(_files(tmp_path)).map(lambda x: x)  # the step may lie further up the pipeline
+    with pytest.raises(ValueError, match="before the shard") as refusal:
+        data.shard(dataset)
+    message = str(refusal.value)
+    assert named in message, message
+    assert "Shard first and shuffle" in message, message
+
+
+@needs_two_ranks
+def test_the_probes_unseeded_shuffle_would_have_overlapping_shards(no_global_seed):
+    # What the refusal prevents (issue 49): each rank's every size-th element of its own order.
+    dataset = tf.data.Dataset.range(N_ELEMENTS).shuffle(N_ELEMENTS)
+    everyone = kd.allgather_object([int(v) for v in dataset.shard(SIZE, RANK)])
+    assert len({v for shard in everyone for v in shard}) < N_ELEMENTS
+    with pytest.raises(ValueError, match="Dataset.shuffle without a seed"):
+        data.shard(dataset)
+
+
+def _global_seed_shuffle(files):
+    tf.random.set_seed(1234)  # alike on every rank, right before the pipeline
+    return tf.data.Dataset.range(N_ELEMENTS).shuffle(N_ELEMENTS)
+
+
+# Orders that are the same on every rank: the shards must partition the elements.
+_ACCEPTED = {
+    "seeded_shuffle": lambda files: tf.data.Dataset.range(N_ELEMENTS).shuffle(N_ELEMENTS, seed=11),
+    "global_seed_shuffle": _global_seed_shuffle,
+    "list_files_unshuffled": lambda files: tf.data.Dataset.list_files(files, shuffle=False),
+    "list_files_seeded": lambda files: tf.data.Dataset.list_files(files, seed=5),
+    "parallel_map_default": lambda files: tf.data.Dataset.range(N_ELEMENTS).map(lambda x: x, num_parallel_calls=2),
+    "parallel_interleave_default": lambda files: tf.data.Dataset.range(4).interleave(
+        lambda i: tf.data.Dataset.range(i, N_ELEMENTS, 4), num_parallel_calls=2
+    ),
+    "seeded_sample_from_datasets": lambda files: _sample_of_two(9),
+    "seeded_shuffle_inside_interleave": lambda files: tf.data.Dataset.range(4).interleave(
+        lambda i: tf.data.Dataset.range(i, N_ELEMENTS, 4).shuffle(25, seed=3)
+    ),
+    "random_augmentation_in_map": lambda files: tf.data.Dataset.range(N_ELEMENTS).map(
+        lambda x: (x, tf.random.uniform([]))
+    ),
+}
+
+
+def _first_components(dataset):
+    """Each element's first component; a file's base name, since every rank has its own tmp_path."""
+    firsts = [tf.nest.flatten(element)[0] for element in dataset.as_numpy_iterator()]
+    return [os.path.basename(v) if isinstance(v, bytes) else v for v in firsts]
+
+
+@pytest.mark.parametrize("case", sorted(_ACCEPTED))
+def test_shard_of_a_dataset_in_the_same_order_on_every_rank_partitions_its_elements(case, tmp_path, no_global_seed):
+    dataset = _ACCEPTED[case](_files(tmp_path))
+    mine = _first_components(data.shard(dataset))
+    everyone = kd.allgather_object(mine)
+    all_elements = _first_components(dataset)
+    assert sorted(v for shard in everyone for v in shard) == sorted(all_elements)
+
+
+@needs_two_ranks
+@pytest.mark.parametrize("seeding", ["seed_for_rank", "set_random_seed_for_rank"])
+def test_shard_refuses_random_steps_seeded_differently_on_each_rank_on_every_rank(seeding, no_global_seed):
+    if seeding == "seed_for_rank":
+        dataset = tf.data.Dataset.range(N_ELEMENTS).shuffle(N_ELEMENTS, seed=data.seed_for_rank(21))
+    else:
+        data.set_random_seed_for_rank(21)
+        dataset = tf.data.Dataset.range(N_ELEMENTS).shuffle(N_ELEMENTS)
+    with pytest.raises(ValueError, match="seeded differently on each rank") as refusal:
+        data.shard(dataset)
+    assert f"rank {SIZE - 1}: Dataset.shuffle seeds" in str(refusal.value)
 
 
 @pytest.mark.parametrize(
