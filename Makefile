@@ -204,6 +204,7 @@ bench: build
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --json $(RESULTS)/keras_scaling.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --model mlp --json $(RESULTS)/keras_scaling_mlp.json
 	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/replica_check.py --json $(RESULTS)/replica_check.json
 	$(MAKE) --no-print-directory results-pages
 
 # The measurement tables of docs/performance.md, network.md and experiments.md, and the plots the

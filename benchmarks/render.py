@@ -295,6 +295,33 @@ def op_floor():
     return markdown(columns, rows), records
 
 
+def replica_check():
+    """What one replica check costs against an epoch of the Keras benchmark (benchmarks/replica_check.py)."""
+    record = load("replica_check")
+    rows = [
+        [
+            row["model"],
+            f"{row['parameters']:,}",
+            row["variables_checked"],
+            duration(row["check_ms"] / 1e3),
+            duration(row["epoch_ms"] / 1e3),
+            f"{100 * row['share']:.2f} %",
+            f"{row['epoch_on_over_off']:.3f}",
+        ]
+        for row in record["models"]
+    ]
+    columns = [
+        "model",
+        "parameters",
+        "variables checked",
+        "one check",
+        f"epoch of {record['batches_per_epoch']} batches (check off)",
+        "check / epoch",
+        "epoch with check / without",
+    ]
+    return markdown(columns, rows), [record]
+
+
 BLOCKS = {
     "allreduce#sizes": allreduce_sizes,
     "allreduce#fusion": allreduce_fusion,
@@ -305,6 +332,7 @@ BLOCKS = {
     "keras_scaling_mlp#ratios": lambda: keras_ratios("keras_scaling_mlp"),
     "negotiation#one_host": negotiation_one_host,
     "op_floor#sizes": op_floor,
+    "replica_check#models": replica_check,
 }
 
 

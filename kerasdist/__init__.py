@@ -65,6 +65,8 @@ _EXPORTS = {
     # sets the parent's attribute to the module.
     "default_callbacks": "kerasdist.callbacks",
     "GradientNoiseScale": "kerasdist.gradient_statistics",
+    "check_replicas": "kerasdist.replicas",
+    "ReplicaDivergenceError": "kerasdist.replicas",
     "SyncBatchNormalization": "kerasdist.layers",
 }
 _SUBMODULES = (

@@ -20,6 +20,8 @@ AUTO_OR_OFF = ("auto", "off")
 MAX_FUSION_THRESHOLD_BYTES = 2**31 - 1
 # The negotiation bit vector grows by a bit per cached request, reduced every cycle.
 MAX_CACHE_CAPACITY = 2**20
+# A replica check every this many steps or more is one an epoch for any real data set.
+MAX_REPLICA_CHECK_STEPS = 10**9
 
 
 def _integer(low, high, unit=""):
@@ -70,6 +72,19 @@ def _bytes_or_auto(high):
             raise ValueError(f"must be auto or a whole number of bytes between 0 and {high}") from None
 
     return parse
+
+
+def _epoch_off_or_steps(text):
+    value = text.lower()
+    if value in ("epoch", "off"):
+        return value
+    try:
+        steps = int(value)
+    except ValueError:
+        steps = 0
+    if not 1 <= steps <= MAX_REPLICA_CHECK_STEPS:
+        raise ValueError(f"must be epoch, off or a whole number of steps between 1 and {MAX_REPLICA_CHECK_STEPS}")
+    return steps
 
 
 def _text(text):
@@ -258,6 +273,18 @@ KNOBS = (
         "auto: when ranks on a host share CPUs, size TensorFlow's thread pools to each rank's share; "
         "off: leave them to TensorFlow",
         metavar="MODE",
+        flag_to_text=str.lower,
+    ),
+    Knob(
+        "replica_check",
+        "KERASDIST_REPLICA_CHECK",
+        "--replica-check",
+        "epoch",
+        _epoch_off_or_steps,
+        "epoch: kerasdist.callbacks() checks that every rank holds the same model (epoch, step counts, "
+        "learning rates, every shared variable) when training starts, at every epoch end and when it ends, "
+        "and stops training with an error naming the first difference; N: also every N steps; off: never",
+        metavar="WHEN",
         flag_to_text=str.lower,
     ),
     Knob(

@@ -59,6 +59,9 @@ _BAD_VALUES = [
     ("KERASDIST_MALLOC", "glibc", "must be one of auto, off"),
     ("KERASDIST_BUCKET_BYTES", "4MB", "must be auto or a whole number of bytes between 0 and 1099511627776"),
     ("KERASDIST_BUCKET_BYTES", "-1", "must be auto or a whole number of bytes between 0"),
+    ("KERASDIST_REPLICA_CHECK", "sometimes", "must be epoch, off or a whole number of steps between 1 and"),
+    ("KERASDIST_REPLICA_CHECK", "0", "must be epoch, off or a whole number of steps between 1 and"),
+    ("KERASDIST_REPLICA_CHECK", "2.5", "must be epoch, off or a whole number of steps between 1 and"),
 ]
 
 

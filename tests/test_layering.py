@@ -50,6 +50,7 @@ LAYERS = [
             "kerasdist.learning_rate",
             "kerasdist.coordination",
             "kerasdist.training_state",
+            "kerasdist.replicas",
             "kerasdist.curvature",
         ],
     ),

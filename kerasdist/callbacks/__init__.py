@@ -23,6 +23,7 @@ from kerasdist.callbacks.learning_rate import LearningRateMultiplier, LearningRa
 from kerasdist.callbacks.metric_average import MetricAverage, local_metrics
 from kerasdist.callbacks.model_averaging import ModelAveraging
 from kerasdist.callbacks.progress import Rank0ProgbarLogger
+from kerasdist.callbacks.replica_check import ReplicaCheck
 from kerasdist.callbacks.stop_agreement import StopAgreement
 from kerasdist.callbacks.trust_ratio_logger import TrustRatioLogger
 
@@ -37,6 +38,7 @@ __all__ = [
     "ModelAveraging",
     "Rank0Checkpoint",
     "Rank0ProgbarLogger",
+    "ReplicaCheck",
     "StopAgreement",
     "TrustRatioLogger",
     "default_callbacks",
@@ -58,15 +60,18 @@ def default_callbacks(
     batch_growth=None,
     uneven_steps=False,
     average_models_every=None,
+    check_replicas=None,
     extra=(),
 ):
     """The callbacks a distributed `model.fit` needs, in the order they must run.
 
     Always: `BroadcastGlobalState` (everyone starts from `root_rank`'s state), `MetricAverage`
-    (exact global logs), a progress bar shown by `root_rank` only and, last, `StopAgreement`
-    (when any rank stops training, every rank stops at the same batch). On request: warmup,
-    rank-0 checkpoints (with resume), and TensorBoard / CSV logs that only `root_rank` writes.
-    Callbacks that read the logs come after `MetricAverage`, so they see global values.
+    (exact global logs), a progress bar shown by `root_rank` only, `StopAgreement` (when any
+    rank stops training, every rank stops at the same batch) and, last, `ReplicaCheck` (every
+    rank still holds the same model at each epoch end; an error naming the difference if not).
+    On request: warmup, rank-0 checkpoints (with resume), and TensorBoard / CSV logs that only
+    `root_rank` writes. Callbacks that read the logs come after `MetricAverage`, so they see
+    global values.
 
     Args:
         root_rank: the rank that is broadcast from and that prints and writes. Defaults to 0.
@@ -86,6 +91,10 @@ def default_callbacks(
         average_models_every: adds `ModelAveraging(average_models_every)` (local SGD: each
             rank trains alone and the ranks average their weights every so many steps; compile
             with the plain optimizer then, not `DistributedOptimizer`).
+        check_replicas: when `ReplicaCheck` compares the ranks' models: "epoch" (at the start,
+            every epoch end and the end), a number of steps N (also every N steps, to find where
+            ranks start to differ), or "off". None (default): `KERASDIST_REPLICA_CHECK`, "epoch"
+            unless set.
         extra: more callbacks, placed after the metric averaging and before the loggers. Put
             callbacks that may stop training (`TerminateOnNaN`, `EarlyStopping`) here, or before
             this list: `StopAgreement` must run after them.
@@ -127,7 +136,13 @@ def default_callbacks(
     if is_root and csv_path is not None:
         callbacks.append(keras.callbacks.CSVLogger(csv_path))
     callbacks.append(Rank0ProgbarLogger(root_rank))
-    callbacks.append(StopAgreement())  # last: it must see every stop the callbacks before it set
+    callbacks.append(StopAgreement())  # it must see every stop the callbacks before it set
+    when = runtime.state().knobs.replica_check if check_replicas is None else check_replicas
+    if when not in ("epoch", "off") and (isinstance(when, bool) or not isinstance(when, int) or when < 1):
+        raise ValueError(f"check_replicas={check_replicas!r}: expected 'epoch', 'off' or a whole number of steps >= 1")
+    if when != "off":
+        # Last: it checks what every callback before it did at the epoch's end.
+        callbacks.append(ReplicaCheck(every_n_steps=None if when == "epoch" else when))
     return callbacks
 
 

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 
-from kerasdist import data, ops, runtime
+from kerasdist import data, ops, replicas, runtime
 from kerasdist.coordination import metric_states_summed_over_ranks, on_root_for_every_rank
 from kerasdist.estimator.config import ROOT_RANK, EvalSpec, RunConfig, TrainSpec, _check_count
 from kerasdist.estimator.graph import _ModeGraph
@@ -317,6 +317,9 @@ class Estimator:
                 evaluate()
         if saver is not None:
             saver.save_if_due(step, force=True)
+        if runtime.state().knobs.replica_check != "off":
+            # After the save: a run that diverged keeps rank 0's work, and is not resumed silently.
+            replicas.check_replicas(graph.spec.model, graph.optimizer, when=f"at the end of train() (step {step})")
         for callback in callbacks:
             callback.on_train_end()
         return step

@@ -160,7 +160,7 @@ def test_callbacks_module_is_callable_and_orders_its_list(tmp_path):
     callbacks = kd.callbacks(warmup_epochs=2, csv_path=tmp_path / f"log{RANK}.csv")
     kinds = [type(c) for c in callbacks]
     assert kinds[:3] == [BroadcastGlobalState, MetricAverage, LearningRateWarmup]
-    assert kinds[-2:] == [Rank0ProgbarLogger, kd.callbacks.StopAgreement]
+    assert kinds[-3:] == [Rank0ProgbarLogger, kd.callbacks.StopAgreement, kd.callbacks.ReplicaCheck]
     assert (keras.callbacks.CSVLogger in kinds) == (RANK == 0)
     assert kd.callbacks.default_callbacks is not None and kd.callbacks.MetricAverage is MetricAverage
 

@@ -12,13 +12,22 @@ from kerasdist.callbacks import (
     LearningRateWarmup,
     MetricAverage,
     Rank0ProgbarLogger,
+    ReplicaCheck,
     StopAgreement,
 )
 
 kd.init()
 
 # The order default_callbacks' docstring promises for these arguments.
-EXPECTED_ORDER = [BroadcastGlobalState, Join, MetricAverage, LearningRateWarmup, Rank0ProgbarLogger, StopAgreement]
+EXPECTED_ORDER = [
+    BroadcastGlobalState,
+    Join,
+    MetricAverage,
+    LearningRateWarmup,
+    Rank0ProgbarLogger,
+    StopAgreement,
+    ReplicaCheck,
+]
 
 
 def test_default_callbacks_is_a_function_of_the_top_level_package():

@@ -79,3 +79,16 @@ def test_keras_thread_pool_comparison_starts_ranks_without_thread_settings(tmp_p
             "kerasdist-N off / plain",
             "kerasdist-N / plain",
         }
+
+
+def test_replica_check_benchmark_times_the_check_and_the_epochs_it_is_compared_with(tmp_path):
+    result_json = tmp_path / "replica_check.json"
+    argv = [MPIEXEC, "-n", "2", sys.executable, REPO_ROOT / "benchmarks" / "replica_check.py"]
+    argv += ["--models", "mlp", "--checks=3", "--epochs=2", "--batches=2", "--batch_size=8", "--json", result_json]
+    job = run_job(argv, tmp_path, child_env(), timeout=240, script_name="replica_check.py")
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    (row,) = json.loads(result_json.read_text())["models"]
+    assert row["model"] == "mlp" and row["variables_checked"] > 0
+    assert len(row["check_samples_ms"]) == 3
+    assert {when: len(samples) for when, samples in row["epoch_samples_ms"].items()} == {"off": 2, "epoch": 2}
+    assert row["share"] == row["check_ms"] / row["epoch_ms"] > 0
