@@ -13,6 +13,7 @@ import tensorflow as tf
 from kerasdist import _compat, ops, runtime
 from kerasdist.gradient_statistics import GradientNoiseScale
 from kerasdist.reductions import Allreduce, Delayed, GradientReduction, OneBit, reduce_gradients
+from kerasdist.reductions.agreement import GradientLayouts
 from kerasdist.reductions.allreduce import COMPRESSIONS, compression_name
 from kerasdist.wrapping_optimizer import WrappingOptimizer
 
@@ -150,6 +151,7 @@ class DistributedOptimizer(WrappingOptimizer):
         self._reduction_variables = []
         self._accumulators = None
         self._micro_batch_sq_norms = None
+        self._gradient_layouts = None
         self.gradient_noise_scale = None
         if gradient_noise_scale is not None:
             self.attach_gradient_noise_scale(gradient_noise_scale)
@@ -253,6 +255,7 @@ class DistributedOptimizer(WrappingOptimizer):
         before = len(self._variables)
         self.reduction._build(self, self._trainable_variables)
         self._reduction_variables = self._variables[before:]
+        self._gradient_layouts = GradientLayouts()
         if self._initial_backward_passes * self._planned_ranks_per_rank > 1:
             self._create_accumulators()
 
@@ -334,18 +337,20 @@ class DistributedOptimizer(WrappingOptimizer):
         grads, trainable_variables = self._apply_arguments(grads, trainable_variables)
         if not grads:
             return
-        if self._accumulators is None:
-            # Built with k = 1: a stale trace must fail, not ignore a k raised later.
-            check = tf.debugging.assert_equal(
-                self._backward_passes,
-                1,
-                message="backward_passes_per_step was raised from 1 after this function was traced; "
-                "rebuild it (model.make_train_function(force=True))",
-            )
-            with tf.control_dependencies([] if check is None else [check]):
-                self._reduce_and_apply(grads, trainable_variables)
-        else:
-            self._accumulate(grads, trainable_variables)
+        # Before anything travels, every rank's gradients must line up with every other rank's.
+        with tf.control_dependencies(self._gradient_layouts.check(grads, trainable_variables)):
+            if self._accumulators is None:
+                # Built with k = 1: a stale trace must fail, not ignore a k raised later.
+                check = tf.debugging.assert_equal(
+                    self._backward_passes,
+                    1,
+                    message="backward_passes_per_step was raised from 1 after this function was traced; "
+                    "rebuild it (model.make_train_function(force=True))",
+                )
+                with tf.control_dependencies([] if check is None else [check]):
+                    self._reduce_and_apply(grads, trainable_variables)
+            else:
+                self._accumulate(grads, trainable_variables)
 
     def _reduce_and_apply(self, grads, trainable_variables, micro_batches=1, micro_batch_sq_norm=None):
         present = [i for i, g in enumerate(grads) if g is not None]
@@ -638,5 +643,16 @@ class DistributedGradientTape:
         ops._refuse_xla("DistributedGradientTape.gradient")
         grads = self._tape.gradient(target, sources, output_gradients, unconnected_gradients)
         flat = tf.nest.flatten(grads, expand_composites=False)
-        reduced = reduce_gradients(flat, self._op, self._compression, self._sparse_as_dense)
+        sources_flat = tf.nest.flatten(sources, expand_composites=False)
+        with tf.control_dependencies(_tape_gradient_layouts().check(flat, sources_flat)):
+            reduced = reduce_gradients(flat, self._op, self._compression, self._sparse_as_dense)
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
+
+
+_TAPE_GRADIENT_LAYOUTS = []  # one GradientLayouts for every DistributedGradientTape, made at first use
+
+
+def _tape_gradient_layouts():
+    if not _TAPE_GRADIENT_LAYOUTS:
+        _TAPE_GRADIENT_LAYOUTS.append(GradientLayouts())
+    return _TAPE_GRADIENT_LAYOUTS[0]
