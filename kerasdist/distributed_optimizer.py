@@ -13,7 +13,7 @@ import tensorflow as tf
 from kerasdist import _compat, ops, runtime
 from kerasdist.gradient_statistics import GradientNoiseScale
 from kerasdist.reductions import Allreduce, Delayed, GradientReduction, OneBit, reduce_gradients
-from kerasdist.reductions.agreement import GradientLayouts
+from kerasdist.reductions.agreement import GradientLayouts, variable_name
 from kerasdist.reductions.allreduce import COMPRESSIONS, compression_name
 from kerasdist.wrapping_optimizer import WrappingOptimizer
 
@@ -45,7 +45,10 @@ class DistributedOptimizer(WrappingOptimizer):
     With `backward_passes_per_step=k`, each rank adds up `k` micro-batch gradients locally and
     only every `k`-th `apply()` reduces their mean (or, with `average_aggregated_gradients=False`,
     their sum) and updates the weights: the effective batch is
-    (per-rank batch) × ranks × k, and communication drops k-fold. In a job restarted on fewer
+    (per-rank batch) × ranks × k, and communication drops k-fold. An embedding's gradient
+    (`tf.IndexedSlices`) is not added up: the window keeps every micro-batch's rows, and the
+    update hands on all of them from every rank, as one process with the whole batch would
+    (unless the reduction makes them dense anyway, as `sparse_as_dense=True` does). In a job restarted on fewer
     ranks than planned (`kerasdist.planned_size()`), each rank stands in for planned / running
     ranks and accumulates that many times k micro-batches, so the effective batch stays
     (per-rank batch) × planned ranks × k; `backward_passes_per_step` and checkpoints keep k.
@@ -150,6 +153,7 @@ class DistributedOptimizer(WrappingOptimizer):
             raise ValueError(_NOT_WITH_LOSS_SCALING.format(self._reduction_named))
         self._reduction_variables = []
         self._accumulators = None
+        self._held_rows = None  # with k > 1, each variable's embedding-gradient rows of the window
         self._micro_batch_sq_norms = None
         self._gradient_layouts = None
         self.gradient_noise_scale = None
@@ -264,8 +268,14 @@ class DistributedOptimizer(WrappingOptimizer):
         self._accumulators = [
             self.add_variable_from_reference(v, name="gradient_sum") for v in self._trainable_variables
         ]
+        if not self.reduction.densifies_sparse_gradients:
+            # Any variable with rows may get slices (a lookup, tf.gather): only its first trace tells.
+            self._held_rows = [_HeldRows(v) if len(v.shape) else None for v in self._trainable_variables]
         if self.gradient_noise_scale is not None:
             self._micro_batch_sq_norms = self.add_variable(shape=(), dtype="float32", name="micro_batch_sq_norms")
+
+    def _held_row_variables(self):
+        return [variable for held in self._held_rows or [] if held is not None for variable in held.variables]
 
     def _window_variables(self):
         """The partial sums of the current accumulation window."""
@@ -279,17 +289,22 @@ class DistributedOptimizer(WrappingOptimizer):
         return self._window_variables() + self._reduction_variables
 
     def per_rank_variables(self):
-        """The variables whose values differ between ranks: the window's partial sums and the
-        reduction's per-rank state (held gradients, 1-bit residuals), each rank's own. Every
-        other variable holds the same value on every rank. `Rank0Checkpoint(resume=True)` saves
-        every rank's values of these, so that a resumed run continues exactly."""
-        return self._window_variables() + self.reduction.per_rank_variables()
+        """The variables whose values differ between ranks: the window's partial sums and
+        embedding-gradient rows, and the reduction's per-rank state (held gradients, 1-bit
+        residuals), each rank's own. Every other variable holds the same value on every rank.
+        `Rank0Checkpoint(resume=True)` saves every rank's values of these, so that a resumed run
+        continues exactly. The rows' variables have no fixed first dimension: they hold as many
+        rows as the window's micro-batches looked up."""
+        return self._window_variables() + self._held_row_variables() + self.reduction.per_rank_variables()
 
     def reset_per_rank_state(self):
         """Starts the per-rank state afresh: an empty accumulation window and zeroed reduction
         state (no held gradients, so the next update of `Delayed` applies nothing; zero residuals)."""
         for partial in self._variables_after_the_counters():
             partial.assign(tf.zeros_like(partial))
+        for held in self._held_rows or []:
+            if held is not None:
+                held.clear()
         self._micro_step.assign(0)
 
     @property
@@ -380,9 +395,12 @@ class DistributedOptimizer(WrappingOptimizer):
 
     def _accumulate(self, grads, trainable_variables):
         present = [(g, v) for g, v in zip(grads, trainable_variables) if g is not None]
-        sums = [self._accumulators[self._get_variable_index(v)] for _, v in present]
-        for (g, _), total in zip(present, sums):
-            total.assign_add(tf.convert_to_tensor(g))
+        windows = [self._window_of(g, v) for g, v in present]
+        for (g, _), window in zip(present, windows):
+            if isinstance(window, _HeldRows):
+                window.add(g)
+            else:
+                window.assign_add(tf.convert_to_tensor(g))
         if self._micro_batch_sq_norms is not None:
             self._micro_batch_sq_norms.assign_add(_squared_norm([g for g, _ in present]))
         micro_step = self._micro_step.assign_add(1)
@@ -402,23 +420,63 @@ class DistributedOptimizer(WrappingOptimizer):
             else:
                 divisor = 1 if combined_as_sum else stand_ins
             self._reduce_and_apply(
-                [total / tf.cast(divisor, total.dtype) for total in sums],
+                [
+                    window.slices(g.dense_shape, divisor)
+                    if isinstance(window, _HeldRows)
+                    else window / tf.cast(divisor, window.dtype)
+                    for (g, _), window in zip(present, windows)
+                ],
                 [v for _, v in present],
                 micro_step,
                 mean_sq_norm,
             )
-            for partial in self._window_variables():
-                partial.assign(tf.zeros_like(partial))
-            self._micro_step.assign(0)
+            self._empty_the_window()
 
         tf.cond(micro_step >= self._backward_passes * stand_ins, update, lambda: None)
 
+    def _window_of(self, gradient, variable):
+        """Where the window keeps `variable`'s gradients: its held rows when they come as slices
+        (each micro-batch's rows, as one process with the whole batch would see them), else its
+        partial sum."""
+        index = self._get_variable_index(variable)
+        held = None if self._held_rows is None else self._held_rows[index]
+        if held is None:
+            return self._accumulators[index]
+        held.note_kind(isinstance(gradient, tf.IndexedSlices))
+        return held if held.sparse else self._accumulators[index]
+
+    def _empty_the_window(self):
+        """Zero partial sums and no held rows. The partial sums of variables whose gradients come
+        as slices are never used (nothing to zero); the rows of variables whose gradients are
+        dense are never filled."""
+        for total, held in zip(self._accumulators, self._held_rows or [None] * len(self._accumulators)):
+            if held is None or held.sparse is not True:
+                total.assign(tf.zeros_like(total))
+            if held is not None and held.sparse is not False:
+                held.clear()
+        if self._micro_batch_sq_norms is not None:
+            self._micro_batch_sq_norms.assign(0.0)
+        self._micro_step.assign(0)
+
     # The inner optimizer saves its own state as a child object. Accumulators are saved after
-    # the counters, so a file saved with k = 1 loads into k > 1 and back.
+    # the counters, so a file saved with k = 1 loads into k > 1 and back. Held embedding-gradient
+    # rows, whose number varies, follow under names of their own, when the window holds some.
+    def save_own_variables(self, store):
+        super().save_own_variables(store)
+        for index, held in enumerate(self._held_rows or []):
+            if held is not None:
+                held.save(store, index)
+
     def load_own_variables(self, store):
-        if len(store.keys()) == len(self._variables):
+        keys = list(store.keys())
+        counted = [key for key in keys if key.isdigit()]
+        holds_rows = len(counted) < len(keys)
+        if len(counted) == len(self._variables) and (self._held_rows is not None or not holds_rows):
             for i, variable in enumerate(self._variables):
                 variable.assign(store[str(i)])
+            for index, held in enumerate(self._held_rows or []):
+                if held is not None:
+                    held.load(store, index)
             return
         trailing = self._variables_after_the_counters()
         for i, variable in enumerate(self._variables[: len(self._variables) - len(trailing)]):
@@ -462,6 +520,78 @@ class DistributedOptimizer(WrappingOptimizer):
                 config["reduction"], custom_objects=custom_objects
             )
         return cls(inner, gradient_noise_scale=None if noise is None else GradientNoiseScale(**noise), **config)
+
+
+class _HeldRows:
+    """One variable's embedding-gradient rows held by an accumulation window.
+
+    One process with the whole batch hands its optimizer a lookup's gradient as `tf.IndexedSlices`,
+    one row per lookup, duplicates kept; Adam, Adagrad and RMSprop square each row before adding
+    duplicates up, so the slices' dense sum would update otherwise. So the window keeps every
+    micro-batch's rows, and an update hands on all of them. Their number grows with each
+    micro-batch: the two variables have no fixed first dimension and are assigned a concatenation.
+    Plain `tf.Variable`s, outside Keras's list of optimizer variables (which `.keras` files save by
+    position and shape); `DistributedOptimizer` saves them itself.
+    """
+
+    def __init__(self, variable):
+        self._variable_name = variable_name(variable)
+        self._row_shape = list(variable.shape[1:])
+        with tf.init_scope():  # may be built inside a traced step
+            self.values = tf.Variable(
+                tf.zeros([0, *self._row_shape], variable.dtype),
+                shape=[None, *self._row_shape],
+                trainable=False,
+                name="held_gradient_rows",
+            )
+            self.indices = tf.Variable(
+                tf.zeros([0], tf.int64), shape=[None], trainable=False, name="held_gradient_row_indices"
+            )
+        self.sparse = None  # whether the gradients come as slices: the first trace that has one says
+
+    @property
+    def variables(self):
+        return [self.values, self.indices]
+
+    def note_kind(self, sparse):
+        if self.sparse is None:
+            self.sparse = sparse
+        elif self.sparse != sparse:
+            raise ValueError(
+                f"kerasdist: the gradient of '{self._variable_name}' comes as tf.IndexedSlices in one "
+                "traced step and as a dense tensor in another, but backward_passes_per_step > 1 "
+                "keeps a variable's gradients of a window in one form. Compute it the same way in "
+                "every step, or pass sparse_as_dense=True to DistributedOptimizer (gradients then "
+                "add up dense)."
+            )
+
+    def add(self, slices):
+        self.values.assign(tf.concat([self.values, tf.cast(slices.values, self.values.dtype)], 0))
+        self.indices.assign(tf.concat([self.indices, tf.cast(slices.indices, tf.int64)], 0))
+
+    def slices(self, dense_shape, divisor):
+        """The held rows as one gradient, their values divided by `divisor`."""
+        return tf.IndexedSlices(
+            self.values / tf.cast(divisor, self.values.dtype), tf.identity(self.indices), dense_shape
+        )
+
+    def clear(self):
+        self.values.assign(tf.zeros([0, *self._row_shape], self.values.dtype))
+        self.indices.assign(tf.zeros([0], tf.int64))
+
+    def save(self, store, index):
+        indices = self.indices.numpy()
+        if len(indices):
+            store[f"held_gradient_rows_{index}"] = self.values.numpy()
+            store[f"held_gradient_row_indices_{index}"] = indices
+
+    def load(self, store, index):
+        if f"held_gradient_rows_{index}" not in store.keys():
+            self.clear()
+            return
+        self.values.assign(store[f"held_gradient_rows_{index}"])
+        self.indices.assign(store[f"held_gradient_row_indices_{index}"])
+        self.note_kind(True)
 
 
 _NOT_WITH_LOSS_SCALING = (

@@ -390,11 +390,11 @@ def _saved_per_rank_state(path, variables):
                 "Rank0Checkpoint without resume=True, which gathers nothing)"
             )
         rows = np.load(io.BytesIO(archive.read(PER_RANK_STATE_ENTRY)), allow_pickle=False)
-    expected = (size, sum(v.numpy().nbytes for v in variables))
-    if rows.dtype != np.uint8 or rows.shape != expected:
+    problem = training_state.per_rank_rows_problem(rows, variables, size)
+    if problem:
         raise ValueError(
-            f"{path}: {PER_RANK_STATE_ENTRY} holds {rows.dtype} {rows.shape}, not the uint8 {expected} "
-            "of every rank's per-rank optimizer state that Rank0Checkpoint writes; resume from another checkpoint"
+            f"{path}: {PER_RANK_STATE_ENTRY} {problem}, not every rank's per-rank optimizer state as "
+            "Rank0Checkpoint writes it; resume from another checkpoint"
         )
     return rows, None
 

@@ -50,6 +50,10 @@ class Allreduce(GradientReduction):
     def compression(self):
         return COMPRESSIONS[self._compression_name]
 
+    @property
+    def densifies_sparse_gradients(self):
+        return self.sparse_as_dense
+
     def reduce(self, gradients, variables, op):
         return reduce_gradients(gradients, op, self.compression, self.sparse_as_dense)
 

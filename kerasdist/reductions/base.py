@@ -19,6 +19,10 @@ class GradientReduction:
     * `gathers`: it moves the gradients with allgathers of per-rank data rather than in an
       allreduce; `kerasdist.callbacks.Join` (uneven steps per rank) cannot stand in for a rank
       in those and refuses it.
+    * `densifies_sparse_gradients`: it makes an embedding's `tf.IndexedSlices` gradient dense.
+      With `backward_passes_per_step` > 1 the optimizer then adds the micro-batches' gradients up
+      dense too; otherwise (the default) it keeps every micro-batch's rows, so that `reduce` gets
+      the same kind of gradient as without accumulation.
 
     Every rank must call `reduce` with the same tensors in the same order, and must get the same
     result: a rank that computed something else would train a model of its own.
@@ -75,6 +79,7 @@ class GradientReduction:
 
     keeps_gradients_across_updates = False
     gathers = False
+    densifies_sparse_gradients = False
 
     def build(self, optimizer, variables):
         """Creates the method's state, if any, with `optimizer.add_variable(...)` or
@@ -87,7 +92,8 @@ class GradientReduction:
 
         Args:
             gradients: this rank's gradients, one for each of `variables` (no `None`; an
-                embedding's may be a `tf.IndexedSlices`, which `tf.convert_to_tensor` makes dense).
+                embedding's may be a `tf.IndexedSlices`, which `tf.convert_to_tensor` makes dense;
+                after `backward_passes_per_step` micro-batches it holds all of their rows).
             variables: the variables they are gradients of: a subset of those `build` saw, in
                 an order that is the same on every rank.
             op: `kerasdist.Average` or `kerasdist.Sum`, how ranks combine.

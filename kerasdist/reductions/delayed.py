@@ -35,6 +35,7 @@ class Delayed(GradientReduction):
     """
 
     keeps_gradients_across_updates = True
+    densifies_sparse_gradients = True  # the held gradients are dense variables
 
     def __init__(self, compression=ops.Compression.none):
         self._allreduce = Allreduce(compression)

@@ -114,6 +114,7 @@ class OneBit(GradientReduction):
 
     keeps_gradients_across_updates = True
     gathers = True
+    densifies_sparse_gradients = True
 
     def build(self, optimizer, variables):
         self.residuals = [
