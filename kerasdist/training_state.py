@@ -85,8 +85,7 @@ def variables_layout(variables):
 
 # What each kind of per-rank variable (named in DistributedOptimizer.build) holds, for messages.
 _PER_RANK_KINDS = (
-    ("gradient_sum", "the partial gradient sums of backward_passes_per_step"),
-    ("held_gradient_rows", "the embedding-gradient rows of backward_passes_per_step"),
+    ("gradient_sum", "the partial gradient sums of backward_passes_per_step"),  # and held rows
     ("delayed_gradient", "the gradients delay_gradients holds"),
     ("one_bit_residual", "the residuals of one_bit_gradients"),
 )
@@ -94,8 +93,7 @@ _PER_RANK_KINDS = (
 
 def describe_per_rank_state(variables):
     """What `variables` (from `per_rank_variables`) hold, in words."""
-    names = [v.name.split(":")[0] for v in variables]  # a tf.Variable's name ends in ":0"
-    kinds = [words for suffix, words in _PER_RANK_KINDS if any(name.endswith(suffix) for name in names)]
+    kinds = [words for suffix, words in _PER_RANK_KINDS if any(v.name.endswith(suffix) for v in variables)]
     return ", ".join(kinds) or "per-rank optimizer variables"
 
 
