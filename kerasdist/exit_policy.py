@@ -1,23 +1,41 @@
-"""How a rank of a job of several ends: what ``init()`` installs so that no exit leaves the others
-waiting.
+"""How a rank of a job of several ends, and what it says: what ``init()`` installs so that no exit
+leaves the others waiting and every failure names its rank.
 
-An uncaught exception aborts the job; ``sys.exit(n)`` and ``os._exit(n)`` are remembered, so that
-``shutdown()`` can end the job with the status the program chose (see ``requested_status``); and
-``os._exit`` shuts kerasdist down first. A job of one rank installs none of it.
+An uncaught exception aborts the job, its traceback under a line naming the rank; ``sys.exit(n)``
+and ``os._exit(n)`` are remembered, so that ``shutdown()`` can end the job with the status the
+program chose (see ``requested_status``); and ``os._exit`` shuts kerasdist down first. Python
+writes stdout and stderr a line at a time, so that mpiexec forwards whole lines. A job of one
+rank installs none of it.
 """
 
 import os
 import sys
 import threading
 import time
+import traceback
 
 
 def install(MPI, shutdown, running_rank):
-    """Installs the three hooks; `shutdown` is kerasdist's, `running_rank()` this process's rank
-    while kerasdist runs (None once it has shut down)."""
+    """Installs the three hooks and writes output a line at a time; `shutdown` is kerasdist's,
+    `running_rank()` this process's rank while kerasdist runs (None once it has shut down)."""
+    _write_whole_lines()
     _abort_job_on_uncaught_exception(MPI)
     _remember_exit_status()
     _exit_through_shutdown(MPI, shutdown, running_rank)
+
+
+def _write_whole_lines():
+    """Makes Python write stdout and stderr a line at a time, each line in one write.
+
+    mpiexec forwards a rank's output in the pieces it reads, and another rank's piece can land
+    between two of them. Written unbuffered (``PYTHONUNBUFFERED``, ``python -u``), a ``print``
+    is a write per argument and one for the newline; block-buffered (stdout to a pipe), a write
+    ends wherever the buffer filled. Hydra forwards a write of up to a pipe's 4 KiB whole.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)  # absent where a stream was replaced
+        if reconfigure is not None:
+            reconfigure(line_buffering=True, write_through=False)
 
 
 def _abort_job_on_uncaught_exception(MPI):
@@ -26,8 +44,16 @@ def _abort_job_on_uncaught_exception(MPI):
     previous = sys.excepthook
 
     def abort(exc_type, exc, tb):
-        previous(exc_type, exc, tb)
         where = f"rank {MPI.COMM_WORLD.Get_rank()} (host {MPI.Get_processor_name()})"
+        heading = f"kerasdist: {where} raised an uncaught exception:\n"
+        if previous is sys.__excepthook__:
+            # In one write, so that the traceback stays under its heading when ranks fail together.
+            sys.stderr.write(heading + "".join(traceback.format_exception(exc_type, exc, tb)))
+            sys.stderr.flush()
+        else:
+            sys.stderr.write(heading)
+            sys.stderr.flush()
+            previous(exc_type, exc, tb)
         abort_job(MPI, f"uncaught exception on {where}; aborting the job", 1)
 
     sys.excepthook = abort

@@ -246,6 +246,12 @@ def make_parser():
         action="store_true",
         help="print the mpiexec command and exit (with --min-np, -H hosts are not probed)",
     )
+    parser.add_argument(
+        "--prepend-rank",
+        action="store_true",
+        help="start each line a rank prints with [RANK] (hydra: -prepend-pattern; Open MPI: --tag-output; "
+        "Intel MPI: its own -prepend-rank)",
+    )
     parser.add_argument("--verbose", action="store_true", help="print the mpiexec command to stderr, then run it")
     parser.add_argument(
         "--check-build",
@@ -348,22 +354,21 @@ def installed_tensorflow():
     return None
 
 
-def run_forwarding_signals(argv, copy_stderr=None):
+def run_forwarding_signals(argv, job_output=None):
     """Runs ``argv``, forwarding SIGINT and SIGTERM to it; returns a shell-style exit status.
 
     128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
     then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
     otherwise the child's own status. A child still running ``INTERRUPT_GRACE_S`` after a
-    SIGINT gets SIGTERM, so one Ctrl-C ends the job. With ``copy_stderr`` (a function of a file descriptor and
-    an event), the child's stderr is a pipe that a thread hands to it, and the thread sets the
-    event when a rank says it ends the job: the child then gets ``LAUNCHER_GRACE_S`` to exit
-    before it is stopped, and the status is 1. Otherwise stderr is the launcher's own.
+    SIGINT gets SIGTERM, so one Ctrl-C ends the job. With ``job_output`` (an
+    ``output.JobOutput``), the child's stdout and stderr are pipes that it passes on. When a rank
+    says it ends the job, the child then gets ``LAUNCHER_GRACE_S`` to exit before it is stopped,
+    and the status is 1; when the reader of the launcher's output has gone, the child is stopped
+    at once and the status is ``CLOSED_PIPE_STATUS``. Otherwise they are the launcher's own.
     """
     child = None
-    copier = None
     received = []
     interrupted_at = []  # time.monotonic() of the first SIGINT
-    rank_ended_job = threading.Event()
 
     def forward(signum, _frame):
         received.append(signum)
@@ -374,27 +379,33 @@ def run_forwarding_signals(argv, copy_stderr=None):
 
     # Handlers go in before the child starts so that no signal falls between the two.
     previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    piped = subprocess.PIPE if job_output else None
     try:
-        child = subprocess.Popen(argv, stderr=subprocess.PIPE if copy_stderr else None)
-        if copy_stderr:
-            copier = threading.Thread(target=copy_stderr, args=(child.stderr.fileno(), rank_ended_job), daemon=True)
-            copier.start()
+        child = subprocess.Popen(argv, stdout=piped, stderr=piped)
+        if job_output:
+            job_output.start(child.stdout.fileno(), child.stderr.fileno())
         for signum in received:
             child.send_signal(signum)
-        returncode = _wait_unless_a_rank_ended_the_job(child, rank_ended_job, interrupted_at)
+        never = threading.Event()
+        rank_ended_job, reader_gone = (
+            (job_output.rank_ended_job, job_output.reader_gone) if job_output else (never, never)
+        )
+        returncode = _wait_unless_a_rank_ended_the_job(child, rank_ended_job, reader_gone, interrupted_at)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    if copier is not None:
-        copier.join(STDERR_DRAIN_TIMEOUT_S)
+    if job_output:
+        job_output.join(STDERR_DRAIN_TIMEOUT_S)
     if received:
         return 128 + received[0]
+    if job_output and job_output.reader_gone.is_set():
+        return CLOSED_PIPE_STATUS
     if returncode < 0:
         return 128 - returncode
     return returncode
 
 
-def _wait_unless_a_rank_ended_the_job(child, rank_ended_job, interrupted_at):
+def _wait_unless_a_rank_ended_the_job(child, rank_ended_job, reader_gone, interrupted_at):
     terminated = False
     while True:
         try:
@@ -402,7 +413,8 @@ def _wait_unless_a_rank_ended_the_job(child, rank_ended_job, interrupted_at):
         except subprocess.TimeoutExpired:
             if rank_ended_job.is_set():
                 break
-            if interrupted_at and not terminated and time.monotonic() - interrupted_at[0] >= INTERRUPT_GRACE_S:
+            interrupt_is_over = interrupted_at and time.monotonic() - interrupted_at[0] >= INTERRUPT_GRACE_S
+            if (interrupt_is_over or reader_gone.is_set()) and not terminated:
                 child.terminate()
                 terminated = True
     try:
@@ -599,17 +611,8 @@ def main(argv=None, environ=None, run_version=mpi.run_version_query):
         finally:
             sys.stdout.flush()  # here, where a closed pipe can still be caught, not at exit
     except BrokenPipeError:
-        _discard_stdout()
+        output.point_at_devnull(sys.stdout)
         return CLOSED_PIPE_STATUS
-
-
-def _discard_stdout():
-    """Points stdout at /dev/null, so that Python's final flush of what is left in its buffer
-    cannot fail again and print a traceback at exit."""
-    try:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    except (OSError, ValueError):  # a stdout with no file descriptor (a test's capture)
-        pass
 
 
 def _launch(argv, environ, run_version):
@@ -658,6 +661,13 @@ def _launch(argv, environ, run_version):
     if args.min_np:
         environment[runtime.PLANNED_SIZE_VARIABLE] = str(args.num_processes)
 
+    # The job's output passes through the launcher, which puts each rank's lines back together
+    # from mpiexec's tags; not when sys.stdout or sys.stderr was replaced by a text-only stream.
+    stdout, stderr = (getattr(stream, "buffer", None) for stream in (sys.stdout, sys.stderr))
+    passes_output_on = stdout is not None and stderr is not None
+    rank_tag = flavour.rank_tag if passes_output_on else None
+    tag_ranks = rank_tag is not None or args.prepend_rank
+
     def launch_command(attempt, num_processes=args.num_processes, host_list=args.hosts):
         return mpi.build_command(
             mpiexec,
@@ -670,6 +680,7 @@ def _launch(argv, environ, run_version):
             mpi_args=args.mpi_args,
             launcher_exec=args.launcher_exec,
             network_interface=args.network_interface,
+            tag_ranks=tag_ranks,
         )
 
     def probe_command(host_name):
@@ -739,8 +750,6 @@ def _launch(argv, environ, run_version):
                 file=sys.stderr,
             )
             return 1
-    stderr = getattr(sys.stderr, "buffer", None)  # None when sys.stderr was replaced by a text-only stream
-    copy_stderr = (lambda fd, ended: output.copy_showing_startup_notices_once(fd, stderr, ended)) if stderr else None
     status = 1  # what a refusal to start reports, until an attempt has run
     for attempt in range(args.restarts + 1):
         ranks, host_list = args.num_processes, args.hosts
@@ -754,8 +763,11 @@ def _launch(argv, environ, run_version):
         launch = launch_command(attempt, ranks, host_list)
         if args.verbose:
             print(shlex.join(launch), file=sys.stderr, flush=True)
+        job_output = (
+            output.JobOutput(stdout, stderr, rank_tag, prepend_rank=args.prepend_rank) if passes_output_on else None
+        )
         try:
-            status = run_forwarding_signals(launch, copy_stderr)
+            status = run_forwarding_signals(launch, job_output)
         except OSError as error:
             print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
             return 127

@@ -6,6 +6,7 @@ record the build's mpiexec and flavour before the package is installed.
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,6 +34,12 @@ class Flavour:
     interface_template: tuple
     # Variables that point the network libraries this MPI may use at that interface.
     interface_variables: tuple
+    # Options that make this mpiexec put a tag naming the rank before each piece of a rank's
+    # output it forwards, and the pattern (bytes, group 1 the rank) that finds the tags, so that
+    # the launcher can put each rank's lines back together; rank_tag None: the tags are for people,
+    # and only --prepend-rank asks for them.
+    rank_tag_options: tuple = ()
+    rank_tag: re.Pattern = None
     # Options on every command: what makes this mpiexec place ranks as hydra does by default.
     default_options: tuple = ()
     # Options for a job on this host alone (no hosts or host file given): run it whatever the
@@ -63,6 +70,9 @@ class Flavour:
 # threads would then share that core) and refuses more ranks than cores on one host, where hydra
 # binds nothing and runs them all; `--bind-to none` and, for a job on this host, `--oversubscribe`
 # make it do as hydra does. An option the user passes in --mpi-args comes later and wins.
+# Hydra and Open MPI 4 forward a rank's output in the pieces they read and tag every piece when
+# asked (hydra's -prepend-pattern, Open MPI's --tag-output), also the end of a line written apart;
+# Intel MPI's hydra is not known to take a pattern, so its own -prepend-rank is used as it is.
 MPICH = Flavour(
     "mpich",
     "MPICH (hydra)",
@@ -73,6 +83,8 @@ MPICH = Flavour(
     launcher_exec_template=("-launcher", "ssh", "-launcher-exec", "{program}"),
     interface_template=("-iface", "{interface}"),
     interface_variables=("UCX_NET_DEVICES", "FI_TCP_IFACE"),
+    rank_tag_options=("-prepend-pattern", "[%r]<kerasdist>:"),
+    rank_tag=re.compile(rb"\[(\d+)\]<kerasdist>:"),
 )
 INTEL_MPI = Flavour(
     "intel",
@@ -84,6 +96,7 @@ INTEL_MPI = Flavour(
     launcher_exec_template=("-bootstrap", "ssh", "-bootstrap-exec", "{program}"),
     interface_template=("-iface", "{interface}"),
     interface_variables=("FI_TCP_IFACE",),
+    rank_tag_options=("-prepend-rank",),
 )
 OPEN_MPI = Flavour(
     "openmpi",
@@ -95,6 +108,8 @@ OPEN_MPI = Flavour(
     launcher_exec_template=("--mca", "plm_rsh_agent", "{program}"),
     interface_template=("--mca", "btl_tcp_if_include", "{interface}", "--mca", "oob_tcp_if_include", "{interface}"),
     interface_variables=("UCX_NET_DEVICES",),
+    rank_tag_options=("--tag-output",),
+    rank_tag=re.compile(rb"\[\d+,(\d+)\]<std(?:out|err|diag)>:"),
     default_options=("--bind-to", "none"),
     local_job_options=("--oversubscribe",),
 )
@@ -261,6 +276,7 @@ def build_command(
     mpi_args=(),
     launcher_exec=None,
     network_interface=None,
+    tag_ranks=False,
 ):
     """The argv that starts ``command`` as ``num_processes`` ranks.
 
@@ -277,6 +293,7 @@ def build_command(
             (``PROGRAM [options] HOST COMMAND...``) to start processes on other hosts, or None.
         network_interface: the network interface for mpiexec's own and MPI's TCP traffic, or
             None. Its variables (``interface_environment``) belong in ``environment``.
+        tag_ranks: put the flavour's tag naming the rank before each piece of output.
 
     Example:
 
@@ -289,6 +306,8 @@ def build_command(
     ```
     """
     argv = [mpiexec, "-np", str(num_processes), *flavour.default_options]
+    if tag_ranks:
+        argv += flavour.rank_tag_options
     if hosts:
         argv += [flavour.hosts_option, hosts]
     if hostfile:

@@ -49,7 +49,7 @@ def _copied(text, tmp_path):
     with os.fdopen(write_end, "wb") as writer:
         writer.write(text.encode())
     with open(tmp_path / "shown", "wb") as destination:
-        output.copy_showing_startup_notices_once(read_end, destination)
+        output.JobStream(destination, startup_notices_once=True).copy(read_end)
     os.close(read_end)
     return (tmp_path / "shown").read_text()
 
@@ -78,21 +78,21 @@ def test_startup_notices_of_every_rank_are_shown_once_and_everything_else_in_ord
 
 
 def test_a_partial_line_goes_out_without_waiting_for_its_end(tmp_path):
-    progress = b"\r 50% of the epoch"  # redrawn in place: its newline comes much later
+    prompt = b"Overwrite the checkpoint? [y/n] "  # its newline comes when someone answers
     shown = tmp_path / "shown"
     read_end, write_end = os.pipe()
     with open(shown, "wb") as destination:
-        copier = threading.Thread(target=output.copy_showing_startup_notices_once, args=(read_end, destination))
+        copier = threading.Thread(target=output.JobStream(destination).copy, args=(read_end,))
         copier.start()
-        os.write(write_end, progress)
-        deadline = time.monotonic() + 10
-        while shown.stat().st_size == 0 and time.monotonic() < deadline:
+        os.write(write_end, prompt)
+        deadline = time.monotonic() + 10 + output.PARTIAL_LINE_WAIT_S
+        while shown.stat().st_size < len(prompt) and time.monotonic() < deadline:
             time.sleep(0.05)
         shown_before_the_end = shown.read_bytes()
         os.close(write_end)
         copier.join(10)
     os.close(read_end)
-    assert shown_before_the_end == progress
+    assert shown_before_the_end == prompt
 
 
 def test_demo_prints_no_warning_and_each_tensorflow_notice_once(tmp_path):

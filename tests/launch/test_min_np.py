@@ -180,6 +180,8 @@ def test_dry_run_starts_the_ranks_the_discovered_hosts_allow_and_passes_the_plan
         fake_mpiexec,
         "-np",
         "2",
+        "-prepend-pattern",
+        "'[%r]<kerasdist>:'",
         "-hosts",
         "node1:2",
         "-genv",
@@ -238,7 +240,9 @@ def test_hosts_given_with_h_are_probed_and_a_failing_one_is_left_out(tmp_path):
     assert "host b is unavailable (probe exited with status 255: cannot connect); leaving it out" in job.output
     launched = [line.split(" ", 1)[1] for line in calls.read_text().splitlines()]
     assert sorted(launched[:2]) == ["-np 1 -hosts a:1 true", "-np 1 -hosts b:1 true"]  # probed at once
-    assert launched[2].startswith(f"-np 2 -hosts a:2 -genv {runtime.PLANNED_SIZE_VARIABLE} 4 "), launched
+    assert launched[2].startswith(
+        f"-np 2 -prepend-pattern [%r]<kerasdist>: -hosts a:2 -genv {runtime.PLANNED_SIZE_VARIABLE} 4 "
+    ), launched
 
 
 def test_sigterm_while_hosts_are_probed_stops_the_probes_and_the_launcher(tmp_path):

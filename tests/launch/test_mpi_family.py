@@ -92,7 +92,7 @@ def test_check_build_names_the_refusal_and_exits_1(mpich_build_without_its_mpiex
 def test_an_mpiexec_of_the_same_family_is_accepted(mpich_build_without_its_mpiexec, tmp_path, capsys):
     on_path = _fake_mpiexec(tmp_path / "path", VERSION_TEXTS["Intel MPI"])  # MPICH's ABI
     status = launcher.main(["-np", "2", "--dry-run", "python", "t.py"], environ={"PATH": str(on_path.parent)})
-    assert status == 0 and capsys.readouterr().out.split() == [str(on_path), "-np", "2", "python", "t.py"]
+    assert status == 0 and capsys.readouterr().out.split() == [str(on_path), "-np", "2", "python", "t.py"]  # no tags
 
 
 def test_mpich_s_mpiexec_is_refused_for_an_open_mpi_build(monkeypatch, tmp_path, capsys):

@@ -41,6 +41,8 @@ Report bugs to http://www.open-mpi.org/community/help/
 INTEL_MPI_VERSION_TEXT = """Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619 (id: c2e19c2f3e)
 Copyright 2003-2023, Intel Corporation.
 """
+# The options that make hydra tag each piece of a rank's output, as a dry run prints them.
+HYDRA_TAGS = "-prepend-pattern '[%r]<kerasdist>:'"
 VERSION_TEXTS = {"mpich": HYDRA_VERSION_TEXT, "openmpi": OPEN_MPI_VERSION_TEXT, "intel": INTEL_MPI_VERSION_TEXT}
 LAUNCHER = [sys.executable, "-m", "kerasdist.run"]
 QUICK_TIMEOUT_S = 60
@@ -103,7 +105,8 @@ def test_mpich_command_uses_hosts_and_genv(fake_mpiexec, capsys):
         capsys,
     )
     assert out == (
-        f"{fake_mpiexec} -np 4 -hosts node1:2,node2:2 -genv KERASDIST_LOG_LEVEL info python train.py --lr=0.1"
+        f"{fake_mpiexec} -np 4 {HYDRA_TAGS} -hosts node1:2,node2:2 -genv KERASDIST_LOG_LEVEL info python train.py "
+        "--lr=0.1"
     )
 
 
@@ -127,7 +130,7 @@ def test_open_mpi_command_uses_capital_h_and_x(fake_mpiexec, capsys):
         capsys,
     )
     assert out == (
-        f"{fake_mpiexec} -np 2 --bind-to none -H a:1,b:1 -x KERASDIST_STALL_WARNING_S=5 "
+        f"{fake_mpiexec} -np 2 --bind-to none --tag-output -H a:1,b:1 -x KERASDIST_STALL_WARNING_S=5 "
         f"-x KERASDIST_STALL_TIMEOUT_S=30 python train.py"
     )
 
@@ -138,7 +141,7 @@ def test_open_mpi_hostfile_option_is_long(fake_mpiexec, tmp_path, capsys):
     out = _dry_run(
         ["-np", "2", "--hostfile", str(hostfile), "python", "t.py"], fake_mpiexec, OPEN_MPI_VERSION_TEXT, capsys
     )
-    assert out == f"{fake_mpiexec} -np 2 --bind-to none --hostfile {hostfile} python t.py"
+    assert out == f"{fake_mpiexec} -np 2 --bind-to none --tag-output --hostfile {hostfile} python t.py"
 
 
 def test_fusion_threshold_is_passed_in_bytes(fake_mpiexec, capsys):
@@ -171,7 +174,7 @@ def test_knobs_already_in_the_environment_are_passed_on_and_flags_win(fake_mpiex
         UNRELATED="1",
     )
     assert out == (
-        f"{fake_mpiexec} -np 2 --bind-to none --oversubscribe "
+        f"{fake_mpiexec} -np 2 --bind-to none --tag-output --oversubscribe "
         "-x KERASDIST_CACHE_CAPACITY=8 -x KERASDIST_LOG_LEVEL=debug python t.py"
     )
 
@@ -183,7 +186,7 @@ def test_mpi_args_come_after_ours_and_before_the_command(fake_mpiexec, capsys):
         HYDRA_VERSION_TEXT,
         capsys,
     )
-    assert out == f"{fake_mpiexec} -np 2 -bind-to core -genv FOO 'a b' python t.py"
+    assert out == f"{fake_mpiexec} -np 2 {HYDRA_TAGS} -bind-to core -genv FOO 'a b' python t.py"
 
 
 def test_flavour_override_beats_version_output(fake_mpiexec, capsys):
@@ -194,12 +197,12 @@ def test_flavour_override_beats_version_output(fake_mpiexec, capsys):
         capsys,
         KERASDIST_MPI_FLAVOUR="openmpi",
     )
-    assert out == f"{fake_mpiexec} -np 2 --bind-to none -H a:2 python t.py"
+    assert out == f"{fake_mpiexec} -np 2 --bind-to none --tag-output -H a:2 python t.py"
 
 
 def test_a_double_dash_before_the_command_is_dropped(fake_mpiexec, capsys):
     out = _dry_run(["-np", "2", "--", "python", "t.py"], fake_mpiexec, HYDRA_VERSION_TEXT, capsys)
-    assert out == f"{fake_mpiexec} -np 2 python t.py"
+    assert out == f"{fake_mpiexec} -np 2 {HYDRA_TAGS} python t.py"
 
 
 def test_mpiexec_is_found_beside_this_python_without_override():
@@ -326,8 +329,7 @@ def test_an_mpiexec_that_outlives_a_rank_ending_the_job_is_stopped(monkeypatch, 
     )
     started = time.monotonic()
     status = launcher.run_forwarding_signals(
-        [sys.executable, "-c", a_stuck_mpiexec],
-        lambda fd, ended: output.copy_showing_startup_notices_once(fd, copied, ended),
+        [sys.executable, "-c", a_stuck_mpiexec], output.JobOutput(io.BytesIO(), copied)
     )
     assert status == 1 and time.monotonic() - started < 15
     assert b"so that the launcher ends the job" in copied.getvalue()
@@ -341,8 +343,7 @@ def test_an_mpiexec_still_ending_the_job_in_the_grace_period_keeps_its_status(mo
         "time.sleep(1); sys.exit(7)"
     )
     status = launcher.run_forwarding_signals(
-        [sys.executable, "-c", ends_in_time],
-        lambda fd, ended: output.copy_showing_startup_notices_once(fd, io.BytesIO(), ended),
+        [sys.executable, "-c", ends_in_time], output.JobOutput(io.BytesIO(), io.BytesIO())
     )
     assert status == 7
 
@@ -456,7 +457,7 @@ def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
         timeout=QUICK_TIMEOUT_S,
     )
     assert finished.returncode == 0, finished.stderr
-    assert finished.stdout.split() == [str(MPIEXEC), "-np", "2", "touch", str(marker)]
+    assert finished.stdout.split() == [str(MPIEXEC), "-np", "2", *HYDRA_TAGS.split(), "touch", str(marker)]
     assert not marker.exists()
 
 

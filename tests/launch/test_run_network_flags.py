@@ -16,6 +16,8 @@ from kerasdist.run import launcher, mpi
 HYDRA_VERSION_TEXT = "HYDRA build details:\n    Version:                                 5.0.2\n"
 INTEL_MPI_VERSION_TEXT = "Intel(R) MPI Library for Linux* OS, Version 2021.10 Build 20230619\n"
 OPEN_MPI_VERSION_TEXT = "mpirun (Open MPI) 4.1.5\n"
+# The options that make hydra tag each piece of a rank's output, as a dry run prints them.
+HYDRA_TAGS = ["-prepend-pattern", "'[%r]<kerasdist>:'"]
 
 pytestmark = LAUNCH_TEST_MARKS
 
@@ -75,6 +77,7 @@ def test_mpich_starts_remote_processes_through_hydras_ssh_launcher_with_the_prog
         fake_mpiexec,
         "-np",
         "4",
+        *HYDRA_TAGS,
         "-hosts",
         "a:2,b:2",
         "-launcher",
@@ -101,7 +104,7 @@ def test_open_mpi_gets_the_program_as_its_rsh_agent(fake_mpiexec, site_ssh, caps
         capsys,
     )
     assert out == [
-        *[fake_mpiexec, "-np", "2", "--bind-to", "none", "-H", "a,b"],
+        *[fake_mpiexec, "-np", "2", "--bind-to", "none", "--tag-output", "-H", "a,b"],
         *["--mca", "plm_rsh_agent", site_ssh, "python", "t.py"],
     ]
 
@@ -133,6 +136,7 @@ def test_mpich_keeps_hydra_and_ucx_and_libfabric_on_the_interface(fake_mpiexec, 
         fake_mpiexec,
         "-np",
         "2",
+        *HYDRA_TAGS,
         "-iface",
         "eth1",
         "-genv",
@@ -166,6 +170,7 @@ def test_open_mpi_keeps_its_tcp_transport_runtime_and_ucx_on_the_interface(fake_
         "2",
         "--bind-to",
         "none",
+        "--tag-output",
         "--oversubscribe",
         "--mca",
         "btl_tcp_if_include",
@@ -225,6 +230,7 @@ def test_both_flags_together_with_a_hostfile_and_mpi_args_last(fake_mpiexec, sit
         fake_mpiexec,
         "-np",
         "4",
+        *HYDRA_TAGS,
         "-f",
         str(hostfile),
         "-launcher",
