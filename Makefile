@@ -201,6 +201,7 @@ bench: build
 	    --json $(RESULTS)/negotiation_slow_path.json
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/op_floor.py --json $(RESULTS)/op_floor.json
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 1 $(PY) benchmarks/op_floor.py --json $(RESULTS)/op_floor_one_rank.json
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/overlap.py --json $(RESULTS)/overlap.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --json $(RESULTS)/keras_scaling.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --model mlp --json $(RESULTS)/keras_scaling_mlp.json
 	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools

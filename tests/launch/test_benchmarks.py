@@ -1,6 +1,6 @@
 """`make bench`'s benchmarks run end to end at 2 ranks on tiny sizes and report every case:
-the allreduce one with fused against unfused, the op floor one, the Keras one in both its modes
-(not the speed: that is `make bench`'s job)."""
+the allreduce one with fused against unfused, the op floor one, the overlap one, the Keras one
+in both its modes (not the speed: that is `make bench`'s job)."""
 
 import json
 import sys
@@ -47,6 +47,16 @@ def test_op_floor_benchmark_compiles_its_kernels_and_reports_every_case(tmp_path
     assert set(row["cases"]) == {"raw", "TensorFlow, sync", "TensorFlow, async", "kerasdist"}
     assert all(case["op_s"] > 0 for case in row["cases"].values())
     assert row["floor_s"] == row["cases"]["TensorFlow, async"]["op_s"] + results["agreement"]["op_s"]
+
+
+def test_overlap_benchmark_reports_the_buckets_spread_over_a_step(tmp_path):
+    result_json = tmp_path / "overlap.json"
+    argv = [MPIEXEC, "-n", "2", sys.executable, REPO_ROOT / "benchmarks" / "overlap.py", "--steps=6"]
+    job = run_job([*argv, "--json", result_json], tmp_path, child_env(), timeout=240, script_name="overlap.py")
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    results = json.loads(result_json.read_text())
+    assert (results["ranks"], results["steps"]) == (2, 4)
+    assert results["spread_share"] == results["spread_ms"] / results["period_ms"] > 0
 
 
 KERAS_SCRIPT = REPO_ROOT / "benchmarks" / "keras_scaling.py"
