@@ -50,16 +50,18 @@ def test_phases_add_up_to_no_more_than_the_wall_time():
 
 
 def test_a_rank_kept_waiting_for_a_late_one_charges_it_to_negotiation():
+    """Compared with the late rank's, and with half the sleep as the margin: the ranks leave the
+    barrier at moments a loaded machine can set apart, and a loaded machine stretches every
+    phase, so neither a tight lower bound nor an upper bound would hold there."""
     if SIZE == 1:
         pytest.skip("one rank waits for nobody")
-    late_s = 0.4
+    late_s = 1.0
     kd.barrier(name="engine_times_late_start")
     before = kd.engine_times()
     if RANK == SIZE - 1:
         time.sleep(late_s)
     kd.allreduce(tf.ones([16]), name="engine_times_late")
     spent = delta(before, kd.engine_times())
-    if RANK == SIZE - 1:
-        assert spent["negotiation"] < late_s / 2, spent  # it came last: nothing to wait for
-    else:
-        assert late_s * 0.8 < spent["negotiation"] + spent["slow_path"] < late_s * 3, spent
+    waited = kd.allgather_object(spent["negotiation"] + spent["slow_path"], name="engine_times_late_waits")
+    late = waited[-1]  # it came last: nothing to wait for
+    assert all(late + late_s / 2 < other for other in waited[:-1]), (waited, spent)
