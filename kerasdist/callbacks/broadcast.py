@@ -59,7 +59,7 @@ class BroadcastGlobalState(keras.callbacks.Callback):
         data.check_equal_steps(self.params.get("steps"), what="steps per epoch in fit")
         self._broadcast()  # what exists now, so that every callback sees rank 0's state from here on
         if not self._state_is_complete():
-            self._broadcast_before_the_first_step()
+            self._broadcast_before_the_first_step(existing=training_state.training_state_variables(self.model))
 
     def _state_is_complete(self):
         """Whether every variable the first step will use exists already. Keras builds an
@@ -68,13 +68,28 @@ class BroadcastGlobalState(keras.callbacks.Callback):
         a model that is not built creates its weights in that step."""
         return self.model.built and all(optimizer.built for optimizer in training_state.optimizers_of(self.model))
 
-    def _broadcast_before_the_first_step(self):
+    def _broadcast_before_the_first_step(self, existing):
         train_function = self.model.train_function
+        broadcast = {id(v) for v in existing}
 
         def first_step(iterator):
             self.model.train_function = train_function
             if _compat.trace_train_function(train_function, iterator):
-                self._broadcast()
+                check_same_variable_shapes(self.model, self.root_rank)
+                # Only what appeared since on_train_begin, and none of each rank's own optimizer
+                # state: callbacks after this one may have restored state in between
+                # (Rank0Checkpoint's resume gives each rank its own partial sums back).
+                own = {
+                    id(v)
+                    for optimizer in training_state.optimizers_of(self.model)
+                    for v in training_state.optimizer_per_rank_variables(optimizer)
+                }
+                created = [
+                    v
+                    for v in training_state.training_state_variables(self.model)
+                    if id(v) not in broadcast and id(v) not in own
+                ]
+                ops.broadcast_variables(created, root_rank=self.root_rank)
                 return train_function(iterator)
             # run_eagerly: the variables the step creates as it runs take root_rank's initial
             # value as they are created.
