@@ -144,8 +144,8 @@ def _tensor_name(kind, name):
     from different lines never pair, so an extra call on one rank (say under `if rank == 0:`)
     fails as a mismatch instead of shifting every later pairing by one. Graph node names would
     not do: they hold Keras's automatic layer names, which count every model a process built.
-    Eagerly, only the main thread's calls are counted alike on every rank (see
-    `_refuse_unnamed_call_off_the_main_thread`).
+    Eagerly, only the calls of the thread that started kerasdist are counted alike on every rank
+    (see `_refuse_unnamed_call_off_the_starting_thread`).
     """
     if name:
         return name
@@ -153,7 +153,7 @@ def _tensor_name(kind, name):
     site = _call_site(caller)
     graph = None if tf.executing_eagerly() else _compat.enclosing_function_graph()
     if graph is None:
-        _refuse_unnamed_call_off_the_main_thread(kind, site, caller)
+        _refuse_unnamed_call_off_the_starting_thread(kind, site, caller)
     where = "" if graph is None else f"{getattr(graph, 'name', 'graph')}/"
     with _calls_per_site_lock:
         if graph is None:
@@ -196,44 +196,69 @@ def _execution():
     return count
 
 
-def _refuse_unnamed_call_off_the_main_thread(kind, site, caller):
-    """Raises for an unnamed eager call from any thread but the main thread.
+def _refuse_unnamed_call_off_the_starting_thread(kind, site, caller):
+    """Raises for an unnamed eager call from any thread but the one that started kerasdist.
 
     Two threads calling one line would take the numbers of that line's calls in whatever order
     they get there, which differs by rank: their calls would pair across threads, silently.
     Refusing the second thread seen at a line would come too late (its first call may already
     have paired wrongly on a rank where the other thread came first), so the rule depends on the
-    calling thread alone and is the same on every rank.
+    calling thread alone. The thread that started kerasdist (`init()`, explicit or through the
+    first collective or DistributedOptimizer) plays the same part on every rank, since every
+    rank runs the same program: the main thread of a script, the worker of a service that trains
+    in one (unless the program lets several threads race to start it). A tf.py_function body that
+    started it may have run on one of TensorFlow's threads, which differ from call to call: then
+    no thread's unnamed calls are allowed.
     """
+    owner = runtime.state().thread  # starts kerasdist if needed: then this thread owns the calls
     thread = threading.current_thread()
-    if thread is threading.main_thread():
+    if thread is owner:
         return
+    if owner is None:
+        why = (
+            "but kerasdist was started inside a tf.py_function body, on one of TensorFlow's threads (the "
+            "next body may run on another), so no thread's unnamed eager collectives match across ranks"
+        )
+        fit_fix = "call kerasdist.init() first, from the thread that calls fit (or whatever called this)"
+        call_fix = "or call kerasdist.init() first, from the thread that makes this call"
+    else:
+        ended = "" if owner.is_alive() else ", which has ended"
+        why = f"not from the thread that started kerasdist ({owner.name!r}{ended})"
+        start_there = "call kerasdist.init() there before anything else uses kerasdist"
+        fit_fix = (
+            f"call fit (or whatever called this) from thread {owner.name!r}, or start kerasdist from the "
+            f"thread that calls fit: {start_there}"
+        )
+        call_fix = (
+            f"or make the call from thread {owner.name!r}, or start kerasdist from the thread that makes "
+            f"it: {start_there}"
+        )
     module = caller.f_globals.get("__name__", "")
     if module.startswith("kerasdist."):
         raise RuntimeError(
-            f"kerasdist.{kind} at {site} (in {module}) was called from thread {thread.name!r}, not the "
-            "main thread. kerasdist's own collectives (its callbacks in fit, the Estimator, "
-            "kerasdist.data) are unnamed, and unnamed eager collectives match across ranks only when "
-            "the main thread makes them: call fit (or whatever called this) from the main thread."
+            f"kerasdist.{kind} at {site} (in {module}) was called from thread {thread.name!r}, {why}. "
+            "kerasdist's own collectives (its callbacks in fit, the Estimator, kerasdist.data) are unnamed, "
+            "and unnamed eager collectives match across ranks only when the thread that started kerasdist "
+            f"makes them: {fit_fix}."
         )
     if _compat.in_py_function():
         where = (
-            f"inside a tf.py_function (or tf.numpy_function), whose body TensorFlow runs on a thread "
-            f"of its own ({thread.name!r}), not the main thread"
+            f"inside a tf.py_function (or tf.numpy_function), whose body TensorFlow runs on a thread of its "
+            f"own ({thread.name!r}), {why}"
         )
         instead = (
             "or make the collective in the tf.function itself, outside the py_function (kerasdist's "
             "collectives run inside tf.function)"
         )
     else:
-        where = f"from thread {thread.name!r}, not the main thread"
-        instead = "or make the call from the main thread"
+        where = f"from thread {thread.name!r}, {why}"
+        instead = call_fix
     raise RuntimeError(
-        f"kerasdist.{kind} at {site} has no name= and was called {where}. An unnamed eager collective "
-        "is named after its line and the number of calls made there before, which match across ranks "
-        "only for the calls of one thread, the main thread: calls of several threads would pair by "
-        "thread scheduling. Pass name=, the same on every rank and used by no other collective that "
-        f"may be pending at the same time (for example name=f'stats/{{step}}'), {instead}."
+        f"kerasdist.{kind} at {site} has no name= and was called {where}. An unnamed eager collective is "
+        "named after its line and the number of calls made there before, which match across ranks only "
+        "for the calls of one thread, the thread that started kerasdist: calls of several threads would "
+        "pair by thread scheduling. Pass name=, the same on every rank and used by no other collective "
+        f"that may be pending at the same time (for example name=f'stats/{{step}}'), {instead}."
     )
 
 

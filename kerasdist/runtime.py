@@ -37,6 +37,11 @@ class _State:
     knobs: Knobs
     ops: object  # the tf.load_op_library module
     engine: ctypes.CDLL
+    # The thread whose init() started kerasdist: its unnamed eager collectives are numbered alike
+    # on every rank (every rank runs the same program, so the same thread starts it everywhere).
+    # None when a tf.py_function body started it, on one of TensorFlow's threads: the next body
+    # may run on another.
+    thread: threading.Thread | None
 
 
 _state = None
@@ -84,6 +89,8 @@ def init():
             process_tuning.keep_freed_memory()
         MPI = _import_mpi()
         import tensorflow as tf
+
+        from kerasdist import _compat
 
         world = MPI.COMM_WORLD
         rank, size = world.Get_rank(), world.Get_size()
@@ -138,6 +145,7 @@ def init():
             knobs=knobs,
             ops=ops,
             engine=engine,
+            thread=None if _compat.in_py_function() else threading.current_thread(),
         )
         local.Free()
         cross.Free()

@@ -2,9 +2,10 @@
 
 * An unnamed eager collective is named after its line and a count of the calls made there. Only
   one thread's calls are counted alike on every rank, so an unnamed eager call from any thread
-  but the main thread is refused with a RuntimeError naming the thread, the line and the fix,
-  before it reaches the engine (the same decision on every rank). Named calls pair by their
-  name from any thread.
+  but the one that started kerasdist (here the main thread, which imported kd_testutil) is
+  refused with a RuntimeError naming both threads, the line and the fix, before it reaches the
+  engine (the same decision on every rank). Named calls pair by their name from any thread.
+  (tests/launch/test_worker_thread.py starts kerasdist in a worker thread and fits there.)
 * A `tf.py_function` body runs on one of TensorFlow's threads: the same rule, and the message
   says what to do there.
 * Code AutoGraph converted that runs after the trace (a py_function body, a function converted
@@ -23,6 +24,7 @@ import tensorflow as tf
 from kd_testutil import RANK, SIZE, assert_world_still_works, needs_two_ranks
 
 import kerasdist as kd
+from kerasdist import runtime
 
 JOIN_S = 60
 
@@ -61,13 +63,14 @@ _UNNAMED_CALLS = {
 
 
 @pytest.mark.parametrize("collective", sorted(_UNNAMED_CALLS))
-def test_an_unnamed_eager_collective_off_the_main_thread_is_refused_naming_the_thread_and_the_fix(collective):
+def test_an_unnamed_eager_collective_off_the_starting_thread_is_refused_naming_the_threads_and_the_fix(collective):
     result, error = _in_thread(_UNNAMED_CALLS[collective], name="loader-3")
     assert_world_still_works()
     assert result is None, f"rank {RANK}: {collective} from a worker thread ran and gave {result!r}"
     assert isinstance(error, RuntimeError), f"rank {RANK}: {error!r}"
     message = str(error)
-    assert "thread 'loader-3'" in message and "main thread" in message and "name=" in message, message
+    assert "from thread 'loader-3', not from the thread that started kerasdist ('MainThread')" in message, message
+    assert "name=" in message and "make the call from thread 'MainThread'" in message, message
     assert "test_threads.py:" in message, message  # the user's line, not one of kerasdist's
 
 
@@ -129,7 +132,7 @@ def test_named_calls_from_two_threads_pair_by_name_whatever_order_the_threads_ru
         assert outcomes == {"A": expected_a, "B": 1000.0 * expected_a}, f"rank {RANK}: {outcomes}"
 
 
-def test_kerasdists_own_collectives_off_the_main_thread_say_to_call_from_the_main_thread():
+def test_kerasdists_own_collectives_off_the_starting_thread_say_where_to_call_fit_or_start_kerasdist():
     # Its callbacks in fit, the Estimator and kerasdist.data make unnamed collectives: a user
     # cannot name them, so the message must not ask for name=.
     result, error = _in_thread(lambda: kd.data.check_equal_steps(3), name="trainer")
@@ -138,7 +141,32 @@ def test_kerasdists_own_collectives_off_the_main_thread_say_to_call_from_the_mai
     assert isinstance(error, RuntimeError), f"rank {RANK}: {error!r}"
     message = str(error)
     assert "kerasdist.data" in message and "thread 'trainer'" in message, message
-    assert "from the main thread" in message and "name=" not in message, message
+    assert "call fit (or whatever called this) from thread 'MainThread'" in message, message
+    assert "start kerasdist from the thread that calls fit: call kerasdist.init() there" in message, message
+    assert "name=" not in message, message
+
+
+def test_unnamed_eager_calls_belong_to_the_thread_that_started_kerasdist_not_to_the_main_thread(monkeypatch):
+    # As in a process whose worker thread called kerasdist.init() first (test_worker_thread.py
+    # starts one for real): that thread's unnamed calls pair, the main thread's are refused.
+    sums = []
+    trainer = threading.Thread(
+        target=lambda: sums.extend(float(kd.allreduce(tf.constant(RANK + i), op=kd.Sum)) for i in range(3)),
+        name="trainer",
+    )
+    monkeypatch.setattr(runtime.state(), "thread", trainer)
+    trainer.start()
+    trainer.join(JOIN_S)
+    assert not trainer.is_alive(), f"rank {RANK}: the trainer thread still runs after {JOIN_S} s"
+    assert sums == [sum(r + i for r in range(SIZE)) for i in range(3)], f"rank {RANK}: {sums}"
+    with pytest.raises(RuntimeError) as refused:
+        kd.allreduce(tf.constant(1.0))
+    monkeypatch.undo()  # the main thread's calls are the rest of the suite's
+    assert_world_still_works()
+    message = str(refused.value)
+    assert "from thread 'MainThread', not from the thread that started kerasdist ('trainer', which has ended)" in (
+        message
+    ), message
 
 
 def test_a_tf_function_traced_and_called_in_a_worker_thread_pairs_as_in_the_main_thread():
