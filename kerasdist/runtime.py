@@ -63,7 +63,10 @@ def init():
     """Starts kerasdist in this process; later calls do nothing.
 
     Collectives call it implicitly. Under a launcher every rank must call it (directly or
-    through its first collective).
+    through its first collective). The thread that calls it owns the unnamed eager collectives:
+    other threads must name theirs (see the guide's "Threads"). A process that a launcher started
+    as one of several ranks but that MPI sees alone (srun without `--mpi=pmi2`, another MPI's
+    mpirun) is refused: it would train a model of its own as rank 0.
 
     When several ranks on a host may run on the same CPUs (a launcher that does not bind),
     it sizes TensorFlow's thread pools to each rank's share of them, unless the user did
@@ -95,6 +98,9 @@ def init():
         world = MPI.COMM_WORLD
         rank, size = world.Get_rank(), world.Get_size()
         _refuse_a_keras_backend_other_than_tensorflow(rank)
+        unseen_launch = launch_mpi_did_not_see(os.environ, size)
+        if unseen_launch:
+            raise RuntimeError(unseen_launch)
         planned_size = planned_size_from_environment(os.environ, size)  # every rank sees the same
         unknown_variables = unknown_variables_message(os.environ)
         if unknown_variables and rank == 0:  # the same variables reach every rank: say it once
@@ -153,6 +159,47 @@ def init():
         atexit.register(shutdown)
         if size > 1:
             exit_policy.install(MPI, shutdown, running_rank=lambda: None if _state is None else _state.rank)
+
+
+# Set by a launcher for each process it starts: (size variable, rank variable, the launcher, the fix).
+_LAUNCHERS = (
+    (
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_COMM_WORLD_RANK",
+        "Open MPI's mpirun",
+        "launch with the mpiexec of the MPI kerasdist was built with",
+    ),
+    ("PMI_SIZE", "PMI_RANK", "a PMI launcher (hydra's mpiexec, or srun --mpi=pmi2)", "launch with its own mpiexec"),
+    (
+        "SLURM_STEP_NUM_TASKS",
+        "SLURM_PROCID",
+        "srun",
+        "give srun the process-management interface kerasdist's MPI speaks (--mpi=pmi2 for MPICH, "
+        "--mpi=pmix for Open MPI), or start the job with kerasdist-run inside the allocation",
+    ),
+)
+
+
+def launch_mpi_did_not_see(environ, size):
+    """Why this process, alone in its MPI world, was started as one of several ranks, or None.
+
+    A launcher whose processes MPI cannot reach (srun without --mpi=pmi2, another MPI's mpirun)
+    leaves each process a world of its own: every one would be rank 0 of 1 and train its own
+    model, writing rank 0's checkpoints at once, without an error.
+    """
+    if size != 1:
+        return None
+    for size_variable, rank_variable, launcher, fix in _LAUNCHERS:
+        text = environ.get(size_variable, "")
+        started = int(text) if text.isdigit() else 1
+        if started > 1:
+            return (
+                f"kerasdist: this process was started by {launcher} as rank {environ.get(rank_variable, '?')} "
+                f"of {started} ({size_variable}={text}), but MPI sees a world of 1 process: the ranks cannot "
+                "reach each other, and each would train a model of its own as rank 0. To fix it, "
+                f"{fix}; `kerasdist-run --check-build` names the MPI and the mpiexec kerasdist was built with."
+            )
+    return None
 
 
 def _refuse_a_keras_backend_other_than_tensorflow(rank):

@@ -147,3 +147,31 @@ def test_no_rank_leaves_a_barrier_before_the_late_rank_enters_it(late):
     for rank, (host, _, rank_left) in enumerate(world):
         if host == late_host:
             assert rank_left >= late_entered, f"rank {rank} left {late_entered - rank_left:.3f}s early"
+
+
+@pytest.mark.parametrize(
+    "environ, launcher",
+    [
+        ({"PMI_SIZE": "4", "PMI_RANK": "2"}, "a PMI launcher (hydra's mpiexec, or srun --mpi=pmi2)"),
+        ({"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"}, "Open MPI's mpirun"),
+        ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "5"}, "srun"),
+    ],
+)
+def test_a_process_mpi_sees_alone_among_launched_ranks_is_refused_naming_the_launcher(environ, launcher):
+    message = kd.runtime.launch_mpi_did_not_see(environ, size=1)
+    size_variable, rank_variable = list(environ)
+    assert f"started by {launcher} as rank {environ[rank_variable]} of {environ[size_variable]}" in message
+    assert "MPI sees a world of 1 process" in message and "--check-build" in message
+
+
+@pytest.mark.parametrize(
+    "environ, size",
+    [
+        ({}, 1),  # python train.py
+        ({"PMI_SIZE": "1", "PMI_RANK": "0"}, 1),  # mpiexec -n 1
+        ({"PMI_SIZE": "4", "PMI_RANK": "2"}, 4),  # a launch MPI joined up
+        ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}, 1),  # python train.py in a batch script of 4 tasks
+    ],
+)
+def test_a_process_that_is_alone_as_launched_or_sees_its_launch_passes(environ, size):
+    assert kd.runtime.launch_mpi_did_not_see(environ, size) is None

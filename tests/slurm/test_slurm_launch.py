@@ -107,3 +107,22 @@ def test_kerasdist_run_from_salloc_names_a_head_the_nodes_cannot_reach(slurm_clu
     assert "connect back to" in job.output and "Give --network-interface" in job.output, job.describe()
     assert "WHERE" not in job.output, job.describe()
     assert job.ended - job.started < 30, job.describe()
+
+
+INIT_AND_SAY_SIZE = "import kerasdist; kerasdist.init(); print('WORLD', kerasdist.size(), flush=True)"
+
+
+def test_srun_without_the_mpi_plugin_is_refused_on_every_task_instead_of_training_alone(slurm_cluster, tmp_path):
+    # Without --mpi=pmi2 MPICH finds no process manager: each task would be rank 0 of a world of 1.
+    job = slurm_cluster.run(["srun", "--mpi=none", "-N2", "-n2", sys.executable, "-c", INIT_AND_SAY_SIZE], tmp_path)
+    assert job.returncode != 0 and "WORLD" not in job.output, job.describe()
+    for rank in (0, 1):
+        assert f"started by srun as rank {rank} of 2 (SLURM_STEP_NUM_TASKS=2)" in job.output, job.describe()
+    assert "--mpi=pmi2" in job.output, job.describe()
+
+
+def test_one_process_in_a_batch_script_of_several_tasks_runs_as_one_rank(slurm_cluster, tmp_path):
+    # The batch script itself is not one of the job's tasks: a plain `python` there is a world of 1.
+    (tmp_path / "job.sh").write_text(f'#!/bin/bash\n#SBATCH -N2 -n2\n{sys.executable} -c "{INIT_AND_SAY_SIZE}"\n')
+    job = slurm_cluster.sbatch("job.sh", tmp_path)
+    assert job.returncode == 0 and "WORLD 1" in job.output, job.describe()
