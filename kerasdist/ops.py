@@ -490,6 +490,14 @@ def allreduce(tensor, op=Average, name=None, prescale_factor=1.0, postscale_fact
 def _allreduce_indexed_slices(slices, op, name, scale, compression):
     if op not in (Sum, Average):
         raise ValueError("IndexedSlices can only be reduced with Sum or Average")
+    if slices.values.dtype.is_integer and (op == Average or scale != 1.0):
+        # Each row would be divided by itself (cast(1/size) is 0): the sum of rows, not the mean.
+        raise ValueError(
+            f"allreduce of integer IndexedSlices ({slices.values.dtype.name}) with "
+            f"{'Average' if op == Average else 'a scale factor'}: its rows are gathered, not summed, so "
+            "they cannot be divided exactly. Pass tf.convert_to_tensor(slices) for an exact integer "
+            "Average, or use op=kerasdist.Sum."
+        )
     values, original = compression.compress(slices.values)
     values = compression.decompress(allgather(values, name=name and f"{name}.values"), original)
     indices = allgather(slices.indices, name=name and f"{name}.indices")

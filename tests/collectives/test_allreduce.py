@@ -357,3 +357,33 @@ def test_independent_collectives_of_every_kind_in_one_tf_function():
         np.testing.assert_array_equal(
             alltoall.numpy(), np.concatenate([np.full((2, 3), value(r)) for r in range(SIZE)])
         )
+
+
+def _rank_slices(dtype):
+    """Rank r's embedding-gradient-like slices: rows [r+1, 10(r+1)] at indices [r, 0]."""
+    values = np.array([[RANK + 1], [10 * (RANK + 1)]], dtype)
+    return tf.IndexedSlices(tf.constant(values), tf.constant([RANK, 0], tf.int64), tf.constant([8, 1], tf.int64))
+
+
+@pytest.mark.parametrize("op", ["Sum", "Average"])
+def test_indexed_slices_are_gathered_with_every_rank_s_rows(op):
+    reduced = kd.allreduce(_rank_slices(np.float32), op=getattr(kd, op), name=f"slices.{op}")
+    divisor = SIZE if op == "Average" else 1
+    expected = np.concatenate([np.array([[r + 1], [10 * (r + 1)]], np.float32) for r in range(SIZE)]) / divisor
+    np.testing.assert_allclose(reduced.values.numpy(), expected, rtol=1e-6)
+    assert reduced.indices.numpy().tolist() == [i for r in range(SIZE) for i in (r, 0)]
+    # Summed densely, they are the dense allreduce of the same rows.
+    dense = tf.math.unsorted_segment_sum(reduced.values, reduced.indices, 8).numpy()
+    np.testing.assert_allclose(
+        dense,
+        tf.convert_to_tensor(kd.allreduce(tf.convert_to_tensor(_rank_slices(np.float32)), op=getattr(kd, op))).numpy(),
+        rtol=1e-6,
+    )
+
+
+def test_integer_indexed_slices_sum_gathers_the_rows_and_average_is_refused():
+    summed = kd.allreduce(_rank_slices(np.int32), op=kd.Sum, name="int_slices.sum")
+    assert summed.values.numpy().ravel().tolist() == [v for r in range(SIZE) for v in (r + 1, 10 * (r + 1))]
+    # Each row divided by the rank count in its own integer dtype would be 1/size = 0: all zeros.
+    with pytest.raises(ValueError, match=r"integer IndexedSlices \(int32\) with Average.*tf.convert_to_tensor"):
+        kd.allreduce(_rank_slices(np.int32), op=kd.Average, name="int_slices.average")
