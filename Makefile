@@ -43,8 +43,10 @@ lint: venv
 # The documentation site, build/docs/html/index.html: the Markdown pages and an API reference
 # from the docstrings (Sphinx, docs/conf.py), any warning an error. Its requirements go into .venv,
 # where autodoc can import kerasdist (the op library is not needed: init() loads it); a second run
-# rebuilds only the pages whose sources changed.
+# rebuilds only the pages whose sources changed. docs/cli.md, the launcher's flags, is written
+# from its argument parser first.
 docs: $(VENV)/.docs-installed
+	$(PY) docs/make_cli_page.py
 	$(RUN_ENV) $(VENV)/bin/sphinx-build -q -W --keep-going -b html -d build/docs/doctrees docs build/docs/html
 
 $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt

@@ -10,8 +10,11 @@ import pathlib
 import re
 import sys
 
+from docutils import nodes
 from myst_parser.parsers.sphinx_ import MystParser
+from sphinx import addnodes
 from sphinx.directives.other import Include
+from sphinx.transforms import SphinxTransform
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the checkout's kerasdist, also where it is not installed
@@ -41,6 +44,9 @@ autodoc_inherit_docstrings = False
 
 html_theme = "furo"
 html_title = "kerasdist"
+# A wider column than furo's, so that the README's code lines show whole (_static/kerasdist.css).
+html_static_path = ["_static"]
+html_css_files = ["kerasdist.css"]
 
 # A docstring's example is a Markdown code fence (```python ... ```), as GitHub and an editor
 # show it and as tests/test_docstring_examples.py runs it; reStructuredText needs a directive.
@@ -110,6 +116,30 @@ class IncludeMarkdown(Include):
         return super().run()
 
 
+class FlagSearchEntries(SphinxTransform):
+    """Search entries on cli.md (written by make_cli_page.py) for `kerasdist-run` and each of its
+    flags, so that the site's search for "kerasdist-run" or "--dry-run" lists that page first: the
+    search ranks an index entry the query matches above pages that merely contain its words."""
+
+    default_priority = 800  # before SphinxDomains (850) collects the index entries
+
+    def apply(self):
+        if self.env.current_document.docname != "cli":
+            return
+        page = next(self.document.findall(nodes.section))
+        entries = [("single", "kerasdist-run", page["ids"][0], "main", None)]
+        for row in self.document.findall(nodes.row):
+            section = row.parent
+            while not isinstance(section, nodes.section):
+                section = section.parent
+            flags = [literal.astext() for literal in row.children[0].findall(nodes.literal)]
+            for flag in (flag for flag in flags if flag.startswith("-")):
+                entries.append(("single", flag, section["ids"][0], "main", None))
+                if len(flag) > 2 and not flag.startswith("--"):  # -np, which Open MPI also spells --np
+                    entries.append(("see", f"-{flag}; {flag}", section["ids"][0], "main", None))
+        page.insert(1, addnodes.index(entries=list(dict.fromkeys(entries))))
+
+
 def setup(app):
     # Sphinx rebuilds the pages when a configuration value changes, not when this file's code does;
     # this value changes with the file.
@@ -118,3 +148,4 @@ def setup(app):
     app.connect("autodoc-process-docstring", docstring_as_restructuredtext, priority=600)
     app.connect("source-read", links_of_a_docs_page)
     app.add_directive("include-markdown", IncludeMarkdown)
+    app.add_transform(FlagSearchEntries)
