@@ -77,10 +77,6 @@ class _Cast:
         self.wire_dtype = wire_dtype
         self._engine_dtype = engine_dtype  # the engine's DataType value (common.h)
 
-    def wire_dtypes(self, count):
-        """The allreduce op's `wire_dtypes` attribute for `count` tensors."""
-        return [self._engine_dtype] * count
-
     def compress(self, tensor):
         if tensor.dtype in (tf.float32, tf.float64):
             return tf.cast(tensor, self.wire_dtype), tensor.dtype
@@ -94,8 +90,7 @@ class _Cast:
 
 
 class _NoCompression:
-    def wire_dtypes(self, count):
-        return []
+    _engine_dtype = None  # each tensor travels in its own dtype
 
     def compress(self, tensor):
         return tensor, None
@@ -110,9 +105,10 @@ class _NoCompression:
 class Compression:
     """Wire formats for allreduce: ``none``, ``fp16`` or ``bf16`` (floats only).
 
-    ``fp16`` holds values up to +-65504 only: a value beyond that, sent or in the sum (a Sum of
-    40000 on 2 ranks), becomes +-inf without an error. ``bf16`` has float32's range (to about
-    3.4e38) with 8 bits of precision and does not overflow.
+    Pass one as ``compression=`` to `allreduce` or `grouped_allreduce`, where a list gives each
+    tensor of the group its own. ``fp16`` holds values up to +-65504 only: a value beyond that,
+    sent or in the sum (a Sum of 40000 on 2 ranks), becomes +-inf without an error. ``bf16`` has
+    float32's range (to about 3.4e38) with 8 bits of precision and does not overflow.
     """
 
     none = _NoCompression()
@@ -362,7 +358,10 @@ def grouped_allreduce(
       name: optional name, equal on every rank; by default one is derived per call.
       prescale_factor: multiplies each input before the reduction (floats only).
       postscale_factor: multiplies each result after it (floats only).
-      compression: ``Compression.none``, ``.fp16`` or ``.bf16``.
+      compression: the wire format of the float32 and float64 tensors: ``Compression.none``
+        (default), ``.fp16`` or ``.bf16`` for all of them, or a list of one for each tensor, in
+        the order of ``tensors`` (a 16-bit or integer tensor travels as it is, whatever its
+        entry). Results come back in each tensor's own dtype. Every rank must pass the same.
 
     Returns:
       A list of tensors of the same shapes and dtypes.
@@ -374,14 +373,14 @@ def grouped_allreduce(
     kerasdist.init()
     a, b = kerasdist.grouped_allreduce([tf.ones(2), tf.zeros(3)], op=kerasdist.Sum)
     print(float(a[0]) == kerasdist.size())  # True
+    # Per tensor: the first in bfloat16 (8 bits of precision), the second exactly.
+    near, exact = kerasdist.grouped_allreduce(
+        [tf.constant([1.001]), tf.constant([1.001])],
+        compression=[kerasdist.Compression.bf16, kerasdist.Compression.none],
+    )
+    print(float(near[0]), round(float(exact[0]), 6))  # 1.0 1.001
     ```
     """
-    return _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, compression.wire_dtypes(len(tensors)))
-
-
-def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_dtypes):
-    """`grouped_allreduce` with each tensor's wire format given: the first `len(wire_dtypes)`
-    float32/float64 tensors travel compressed, the rest as they are."""
     _refuse_xla("kerasdist.grouped_allreduce")
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -389,41 +388,74 @@ def _allreduce_group(tensors, op, name, prescale_factor, postscale_factor, wire_
     name = _tensor_name("allreduce", name)
     op = _check_reduce_op(op, _OpKind.ALLREDUCE, name)
     _check_dtypes("allreduce", _OpKind.ALLREDUCE, name, tensors, _REDUCIBLE_DTYPES)
+    compressions = _compression_of_each(compression, len(tensors), name)
     integers = [i for i, t in enumerate(tensors) if t.dtype.is_integer] if op == Average else []
     if not integers:
-        return _submit_allreduce(tensors, op, name, prescale_factor, postscale_factor, wire_dtypes)
+        return _submit_allreduce(tensors, op, name, prescale_factor, postscale_factor, compressions)
     others = [i for i in range(len(tensors)) if i not in integers]
     results = [None] * len(tensors)
     # The integers go first: their scale factors are refused (as for any integer tensor) before
     # the rest of the group is sent.
     parts = [_integer_average_parts(tensors[i]) for i in integers] + [tf.ones([1], tf.int64)]
     *sums, contributors = _submit_allreduce(
-        parts, Sum, f"{name}.integers" if others else name, prescale_factor, postscale_factor, []
+        parts, Sum, f"{name}.integers" if others else name, prescale_factor, postscale_factor
     )
     for i, summed in zip(integers, sums):
         results[i] = _truncated_mean(summed, contributors[0], tensors[i].dtype)
     if others:
-        # The wire formats apply to a prefix of the positions; the same tensors keep them.
-        others_wire = [wire_dtypes[i] for i in others if i < len(wire_dtypes)]
         reduced = _submit_allreduce(
-            [tensors[i] for i in others], op, name, prescale_factor, postscale_factor, others_wire
+            [tensors[i] for i in others],
+            op,
+            name,
+            prescale_factor,
+            postscale_factor,
+            [compressions[i] for i in others],
         )
         for i, out in zip(others, reduced):
             results[i] = out
     return results
 
 
-def _submit_allreduce(tensors, op, name, prescale_factor, postscale_factor, wire_dtypes):
-    return _ops().kerasdist_allreduce(
-        tensors,
+_COMPRESSIONS = (Compression.none, Compression.fp16, Compression.bf16)
+
+
+def _compression_of_each(compression, count, name):
+    """`grouped_allreduce`'s `compression` as a list of one wire format per tensor, or the error
+    on every rank that makes the call."""
+    compressions = list(compression) if isinstance(compression, (list, tuple)) else [compression] * count
+    if len(compressions) != count or not all(any(c is known for known in _COMPRESSIONS) for c in compressions):
+        _fail(
+            _OpKind.ALLREDUCE,
+            name,
+            ValueError(
+                f"kerasdist.grouped_allreduce of {count} tensor(s) ('{name}'): compression= takes "
+                f"kerasdist.Compression.none, .fp16 or .bf16, or a list of one of those for each tensor; "
+                f"got {compression!r}"
+            ),
+        )
+    return compressions
+
+
+def _submit_allreduce(tensors, op, name, prescale_factor, postscale_factor, compressions=()):
+    """One allreduce op for `tensors`, `compressions[i]` the wire format of `tensors[i]` (none
+    past its end). The op compresses a prefix of its inputs: the compressed tensors go in first,
+    each group in its own order, and the results come back in the order of `tensors`."""
+    wire = [c._engine_dtype for c in compressions] + [None] * (len(tensors) - len(compressions))
+    order = sorted(range(len(tensors)), key=lambda i: wire[i] is None)
+    reduced = _ops().kerasdist_allreduce(
+        [tensors[i] for i in order],
         _scale(prescale_factor),
         _scale(postscale_factor),
         tensor_name=name,
         reduce_op=int(op),
         blocking=tf.executing_eagerly(),
-        wire_dtypes=wire_dtypes,
+        wire_dtypes=[wire[i] for i in order if wire[i] is not None],
         execution=_execution(),
     )
+    results = [None] * len(tensors)
+    for i, out in zip(order, reduced):
+        results[i] = out
+    return results
 
 
 # Integer Average. Summed in its own dtype, a sum of n values can wrap before the divide (int8

@@ -96,10 +96,12 @@ def _reduce(grads, op, compression, sparse_as_dense, statistics=()):
     ) or [[]]
     for bucket in buckets:
         # Statistics depend on every gradient: they ride with the last bucket, after its
-        # gradients, past the end of the compressed ones.
+        # gradients, uncompressed.
         riders = statistics if bucket is buckets[-1] else []
-        out = ops._allreduce_group(
-            [grads[i] for i in bucket] + riders, op, None, 1.0, 1.0, compression.wire_dtypes(len(bucket))
+        out = ops.grouped_allreduce(
+            [grads[i] for i in bucket] + riders,
+            op,
+            compression=[compression] * len(bucket) + [ops.Compression.none] * len(riders),
         )
         for i, g in zip(bucket, out):
             reduced[i] = g

@@ -56,6 +56,46 @@ class TopK(GradientReduction):
         return {"k": self.k}
 
 
+class WireFormatPerVariable(GradientReduction):
+    """Each variable's gradient in a wire format of its own, all in one grouped allreduce: what
+    the built-in `Allreduce` does for its statistics, written with the public API alone."""
+
+    def __init__(self, compressions):
+        self.compressions = compressions
+
+    def reduce(self, gradients, variables, op):
+        return kd.grouped_allreduce(gradients, op, compression=self.slots(self.compressions, variables))
+
+
+# 1 + 2**-9 + 2**-12, times 2**rank: exact in float32; float16 keeps the 2**-9 (10 bits of
+# mantissa), bfloat16 neither (7 bits). Each rank's value sits in its own element, so the sums
+# are exact in every format and show which format each gradient travelled in.
+EVERY_RANKS_VALUE = np.array([(1 + 2**-9 + 2**-12) * 2.0**r for r in range(SIZE)], np.float32)
+
+
+def test_a_method_of_ones_own_sends_each_gradient_in_its_own_wire_format():
+    formats = [kd.Compression.none, kd.Compression.bf16, kd.Compression.fp16]
+    variables = [keras.Variable(np.zeros(SIZE, np.float32)) for _ in formats]
+    optimizer = kd.DistributedOptimizer(keras.optimizers.SGD(1.0), op=kd.Sum, reduction=WireFormatPerVariable(formats))
+    own = np.where(np.arange(SIZE) == RANK, EVERY_RANKS_VALUE, 0)
+    optimizer.apply([tf.constant(own) for _ in formats], variables)
+    expected = [
+        EVERY_RANKS_VALUE,
+        EVERY_RANKS_VALUE.astype(tf.bfloat16.as_numpy_dtype),
+        EVERY_RANKS_VALUE.astype(np.float16),
+    ]
+    expected = [sums.astype(np.float32) for sums in expected]
+    for variable, sums in zip(variables, expected, strict=True):
+        np.testing.assert_array_equal(-variable.numpy(), sums)
+    # The three formats give three different sums: the test tells them apart.
+    assert len({tuple(sums) for sums in expected}) == 3
+
+
+def test_a_list_of_wire_formats_of_another_length_is_refused_naming_the_call():
+    with pytest.raises(ValueError, match=r"grouped_allreduce of 2 tensor\(s\) \('wire_formats'\): compression= takes"):
+        kd.grouped_allreduce([tf.ones(1), tf.ones(1)], compression=[kd.Compression.fp16], name="wire_formats")
+
+
 def simulated_top_k_weights(epochs, k=1):
     def top_k(corrected):
         largest = np.argsort(-np.abs(corrected.ravel()), kind="stable")[:k]
