@@ -64,6 +64,8 @@ import shlex
 import shutil
 import subprocess
 import sys
+import threading
+import time
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build import build
@@ -73,6 +75,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 CSRC = os.path.join("kerasdist", "csrc")
 WITH_NCCL = os.environ.get("KERASDIST_WITH_NCCL", "0") == "1"
 OLDEST_TENSORFLOW = (2, 16)  # the first release with Keras 3
+# What the compile takes with 2 CPUs, as the progress line and README's Install say: 16-20 s on
+# 2026-12-07 (2 vCPUs at load 3; tensorflow/ops.cc, the one file with TensorFlow's headers, 7 s).
+COMPILE_TIME_ON_2_CPUS = "20 s"
 
 # Run by the installing Python: where it installs, and its TensorFlow's version and build flags.
 TARGET_QUERY = r"""
@@ -323,6 +328,42 @@ class BuildVariantApart(build):
             self.build_base = os.path.join("build", *variant)
 
 
+def progress_terminal():
+    """Where compile progress goes: the user's terminal. A plain `pip install` shows a build's
+    output only with -v (a spinner otherwise), so when stderr is not a terminal the
+    controlling terminal is written to directly; without one (CI, a log), stderr."""
+    if not sys.stderr.isatty():
+        try:
+            return open("/dev/tty", "w", encoding="utf-8")
+        except OSError:
+            pass
+    return sys.stderr
+
+
+class CompileProgress:
+    """One line when the compile starts, saying how long it takes, and one per compiled file
+    with the time since then."""
+
+    def __init__(self, files, jobs):
+        self.files, self.done, self.started = files, 0, time.monotonic()
+        self.lock = threading.Lock()
+        self.stream = progress_terminal()
+        self.say(
+            f"compiling the op library: {files} C++ files, {jobs} at a time "
+            f"(about {COMPILE_TIME_ON_2_CPUS} with 2 CPUs)"
+        )
+
+    def say(self, text):
+        elapsed = int(time.monotonic() - self.started)
+        self.stream.write(f"kerasdist: [{elapsed // 60}:{elapsed % 60:02d}] {text}\n")
+        self.stream.flush()
+
+    def compiled(self, source):
+        with self.lock:
+            self.done += 1
+            self.say(f"compiled {self.done}/{self.files}: {os.path.relpath(source, CSRC)}")
+
+
 class BuildOpLibrary(build_ext):
     """Compiles with TensorFlow's and MPI's flags instead of Python's extension defaults."""
 
@@ -345,9 +386,17 @@ class BuildOpLibrary(build_ext):
         compile_sources = self.compiler.compile
 
         def compile_each(sources, *args, **kwargs):
+            progress = CompileProgress(len(sources), max(1, jobs))
+
+            def compile_one(source):
+                objects = compile_sources([source], *args, **kwargs)
+                progress.compiled(source)
+                return objects
+
             with concurrent.futures.ThreadPoolExecutor(max(1, jobs)) as pool:
-                compiled = pool.map(lambda source: compile_sources([source], *args, **kwargs), sources)
-                return [obj for objects in compiled for obj in objects]
+                compiled = list(pool.map(compile_one, sources))
+            progress.say("linking")
+            return [obj for objects in compiled for obj in objects]
 
         self.compiler.compile = compile_each
         try:
@@ -436,7 +485,10 @@ setup(
         "Topic :: Scientific/Engineering :: Artificial Intelligence",
         "Topic :: System :: Distributed Computing",
     ],
-    packages=find_packages(include=["kerasdist", "kerasdist.*"]),
+    # examples/ installs as kerasdist.examples: `python -m kerasdist.examples.keras_digits` runs
+    # one from any install, while a checkout keeps running examples/keras_digits.py as a script.
+    packages=find_packages(include=["kerasdist", "kerasdist.*"]) + ["kerasdist.examples"],
+    package_dir={"kerasdist.examples": "examples"},
     # setup.py sets the library's compile and link flags: a change to it rebuilds the library.
     ext_modules=[
         Extension("kerasdist._kerasdist_ops", sources=sources, depends=headers + ["setup.py"], language="c++")
@@ -447,5 +499,7 @@ setup(
     # this build uses it; with a system MPI, mpi4py must be built against that MPI beforehand.
     install_requires=["keras>=3.10,<4", "mpi4py>=4", "numpy"]
     + (["mpich>=4"] if built_mpi and built_mpi.source == "PyPI mpich" else []),
+    # What the examples need beyond kerasdist: scikit-learn's bundled digits (no download).
+    extras_require={"examples": ["scikit-learn>=1.4"]},
     entry_points={"console_scripts": ["kerasdist-run = kerasdist.run:main"]},
 )

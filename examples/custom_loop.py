@@ -3,8 +3,11 @@
 For code that writes its own `tf.function` train step instead of calling `model.fit`. The
 model is an MLP on scikit-learn's bundled digits; every rank trains on its own shard.
 
-    .venv/bin/kerasdist-run -np 2 examples/custom_loop.py   # each rank runs it under the launcher's Python
+    kerasdist-run -np 2 python -m kerasdist.examples.custom_loop   # installed: pip install 'kerasdist[examples]'
+    .venv/bin/kerasdist-run -np 2 examples/custom_loop.py          # in a clone; each rank runs the launcher's Python
 """
+
+import sys
 
 import keras
 import tensorflow as tf
@@ -13,6 +16,12 @@ from absl import app, flags
 import kerasdist
 from kerasdist.models import mlp
 
+try:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+except ModuleNotFoundError:  # one line on every rank, not a traceback from each
+    sys.exit("custom_loop.py needs scikit-learn, for its digits: pip install 'kerasdist[examples]'")
+
 EPOCHS = flags.DEFINE_integer("epochs", 15, "Passes over the training data.")
 BATCH = flags.DEFINE_integer("batch_size", 32, "Per-rank batch size.")
 LR = flags.DEFINE_float("learning_rate", 0.05, "Single-process learning rate, scaled by the number of processes.")
@@ -20,9 +29,6 @@ SEED = flags.DEFINE_integer("seed", 0, "Seed of the split, the weights and the s
 
 
 def main(_):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
     kerasdist.init()
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")

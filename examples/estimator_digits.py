@@ -5,8 +5,9 @@ Keras 3 layers in place of `tf.layers`. `train_and_evaluate` trains on every ran
 averaged across ranks), checkpoints from rank 0, and evaluates on every rank's shard of the test
 set, combining the metrics exactly. The data are scikit-learn's bundled 8x8 digits (no download).
 
-    .venv/bin/kerasdist-run -np 2 examples/estimator_digits.py   # each rank runs it under the launcher's Python
-    .venv/bin/python examples/estimator_digits.py                # one process, same script
+    kerasdist-run -np 2 python -m kerasdist.examples.estimator_digits   # installed: pip install 'kerasdist[examples]'
+    .venv/bin/kerasdist-run -np 2 examples/estimator_digits.py          # in a clone, under the launcher's Python
+    .venv/bin/python examples/estimator_digits.py                       # one process, same script
 
 Run it again with the same --model_dir and a larger --max_steps to continue from the newest
 checkpoint.
@@ -14,6 +15,7 @@ checkpoint.
 
 import itertools
 import logging
+import sys
 
 import keras
 import tensorflow as tf
@@ -21,6 +23,12 @@ from absl import app, flags
 
 import kerasdist
 from kerasdist import estimator
+
+try:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+except ModuleNotFoundError:  # one line on every rank, not a traceback from each
+    sys.exit("estimator_digits.py needs scikit-learn, for its digits: pip install 'kerasdist[examples]'")
 
 MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "Where rank 0 keeps checkpoints and summaries (default: a temporary directory, deleted at exit)."
@@ -39,9 +47,6 @@ EXPORT_PATH = flags.DEFINE_string(
 
 
 def digits_split(seed):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
     digits = load_digits()
     pixels = (digits.data / 16.0).astype("float32")
     x_train, x_test, y_train, y_test = train_test_split(

@@ -5,18 +5,24 @@ takes the scaled rate), a broadcast and a metric-average callback, a dataset tha
 `steps_per_epoch` divided by the number of workers, and a checkpoint callback that only rank 0
 adds. The data are scikit-learn's bundled digits (no download):
 
-    .venv/bin/kerasdist-run -np 2 examples/horovod_keras_digits.py --checkpoint_dir=/tmp/hvd_checkpoints
+    kerasdist-run -np 2 python -m kerasdist.examples.horovod_keras_digits   # pip install 'kerasdist[examples]'
+    .venv/bin/kerasdist-run -np 2 examples/horovod_keras_digits.py --checkpoint_dir=/tmp/hvd_checkpoints   # a clone
 """
 
 import os
+import sys
 
 import keras
 import tensorflow as tf
 from absl import app, flags
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 
 import kerasdist.horovod.tensorflow.keras as hvd  # was: import horovod.tensorflow.keras as hvd
+
+try:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+except ModuleNotFoundError:  # one line on every rank, not a traceback from each
+    sys.exit("horovod_keras_digits.py needs scikit-learn, for its digits: pip install 'kerasdist[examples]'")
 
 EPOCHS = flags.DEFINE_integer("epochs", 20, "Epochs to train.")
 CHECKPOINT_DIR = flags.DEFINE_string("checkpoint_dir", None, "Where rank 0 saves a checkpoint each epoch.")

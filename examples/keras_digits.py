@@ -3,8 +3,9 @@
 The default data are scikit-learn's bundled 8x8 digits (1,797 real scans, no download). The
 lines marked `# kerasdist` are all that differ from a single-process script:
 
-    .venv/bin/kerasdist-run -np 2 examples/keras_digits.py   # each rank runs it under the launcher's Python
-    .venv/bin/python examples/keras_digits.py                # one process, same script
+    kerasdist-run -np 2 python -m kerasdist.examples.keras_digits   # installed: pip install 'kerasdist[examples]'
+    .venv/bin/kerasdist-run -np 2 examples/keras_digits.py          # in a clone; each rank runs the launcher's Python
+    .venv/bin/python examples/keras_digits.py                       # one process, same script
 
 `--tfds_name NAME --data_dir DIR` trains on the train split of a TensorFlow Datasets set already
 prepared in DIR and tests on its test split; each rank reads its own files of both
@@ -25,6 +26,12 @@ from absl import app, flags
 
 import kerasdist  # kerasdist
 from kerasdist.models import small_cnn
+
+try:
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+except ModuleNotFoundError:  # one line on every rank, not a traceback from each
+    sys.exit("keras_digits.py needs scikit-learn, for its digits: pip install 'kerasdist[examples]'")
 
 EPOCHS = flags.DEFINE_integer("epochs", 20, "Passes over the training data.")
 BATCH = flags.DEFINE_integer("batch_size", 32, "Per-rank batch size.")
@@ -52,9 +59,6 @@ DATA_DIR = flags.DEFINE_string("data_dir", None, "Where the --tfds_name data set
 
 
 def bundled_digits(seed):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
     digits = load_digits()
     images = (digits.images[..., None] / 16.0).astype("float32")
     x_train, x_test, y_train, y_test = train_test_split(

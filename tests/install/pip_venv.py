@@ -3,10 +3,13 @@
 import json
 import os
 import re
+import select
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout under test
@@ -42,6 +45,37 @@ def run(argv, timeout, cwd=None, expect_ok=True):
             finished.stdout[-3000:] + finished.stderr[-5000:]
         )
     return finished
+
+
+def run_in_terminal(argv, timeout):
+    """Runs `argv` as from a user's terminal: in a pseudo-terminal that is its controlling
+    terminal, so what it or its children write to /dev/tty shows too. Returns (exit status, what
+    the terminal showed)."""
+    pid, terminal = os.forkpty()
+    if pid == 0:  # the child: nothing but exec
+        try:
+            os.execve(str(argv[0]), [str(a) for a in argv], environment())
+        finally:
+            os._exit(127)
+    shown, deadline = bytearray(), time.monotonic() + timeout
+    try:
+        while True:
+            ready, _, _ = select.select([terminal], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise AssertionError(f"{shlex.join(map(str, argv))} ran over {timeout} s:\n{shown[-5000:].decode()}")
+            try:
+                chunk = os.read(terminal, 65536)
+            except OSError:  # EIO: every process that had the terminal open has exited
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(terminal)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), shown.decode(errors="replace")
 
 
 class Venv:

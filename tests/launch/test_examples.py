@@ -11,6 +11,7 @@ from launch_utils import LAUNCH_TEST_MARKS, REPO_ROOT, child_env, run_job
 
 pytestmark = LAUNCH_TEST_MARKS
 OFFLINE_SITE = REPO_ROOT / "tests" / "launch" / "offline"
+WITHOUT_SCIKIT_LEARN = REPO_ROOT / "tests" / "launch" / "without_scikit_learn"
 ATTEMPT_MARKER = "NETWORK ACCESS ATTEMPTED"  # printed by offline/sitecustomize.py
 EXAMPLE_TIMEOUT_S = 240
 
@@ -29,6 +30,13 @@ def launch(example, *flags, n=2, tmp_path, env=None):
     return run_job(argv, tmp_path, env or child_env(), timeout=EXAMPLE_TIMEOUT_S, script_name=example)
 
 
+def env_without_scikit_learn():
+    """A child environment whose Python processes cannot import scikit-learn (see without_scikit_learn/)."""
+    env = child_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(WITHOUT_SCIKIT_LEARN), env["PYTHONPATH"]])
+    return env
+
+
 def offline_env():
     """A child environment whose Python processes refuse network access and say so (see offline/)."""
     env = child_env()
@@ -43,6 +51,17 @@ def test_keras_digits_reaches_95_percent_printed_once(tmp_path):
     assert len(results) == 1, "expected one result line, from rank 0 only" + job.describe()
     assert float(results[0]) >= 0.95, job.describe()
     assert len(re.findall(r"^Epoch 20/20", job.output, re.MULTILINE)) == 1, job.describe()
+
+
+@pytest.mark.parametrize(
+    "example", ["keras_digits.py", "custom_loop.py", "estimator_digits.py", "horovod_keras_digits.py"]
+)
+def test_an_example_without_scikit_learn_names_the_extra_in_one_line_per_rank(tmp_path, example):
+    job = launch(example, tmp_path=tmp_path, env=env_without_scikit_learn())
+    assert job.returncode != 0 and not job.timed_out, job.describe()
+    named = [line for line in job.output.splitlines() if "pip install 'kerasdist[examples]'" in line]
+    assert len(named) == 2, "one line from each rank" + job.describe()
+    assert "Traceback" not in job.output, job.describe()
 
 
 def test_keras_digits_resumes_from_its_checkpoint(tmp_path):
