@@ -18,6 +18,7 @@ PACKAGE_SOURCES := $(wildcard kerasdist/*.py kerasdist/*/*.py kerasdist/*/*/*.py
 venv: $(VENV)/.editable
 
 $(VENV)/.installed: requirements.txt
+	@echo "Installing requirements.txt into $(VENV)/ (TensorFlow first): minutes on a first run, quietly"
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -r requirements.txt
