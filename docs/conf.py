@@ -140,6 +140,12 @@ class FlagSearchEntries(SphinxTransform):
         page.insert(1, addnodes.index(entries=list(dict.fromkeys(entries))))
 
 
+def cli_page_read_every_time(app, env, added, changed, removed):
+    """Sphinx's search index, when built again, keeps the words of the pages it does not read anew
+    but drops their index entries (IndexBuilder.load): FlagSearchEntries' must be made each time."""
+    return ["cli"]
+
+
 def setup(app):
     # Sphinx rebuilds the pages when a configuration value changes, not when this file's code does;
     # this value changes with the file.
@@ -149,3 +155,4 @@ def setup(app):
     app.connect("source-read", links_of_a_docs_page)
     app.add_directive("include-markdown", IncludeMarkdown)
     app.add_transform(FlagSearchEntries)
+    app.connect("env-get-outdated", cli_page_read_every_time)

@@ -94,7 +94,16 @@ def rebuild_command():
 
 
 def mpi_built():
-    """True: the op library always runs collectives over MPI."""
+    """True: the op library always runs collectives over MPI (Horovod's name; see `nccl_built`).
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    print(kerasdist.mpi_built())  # True
+    ```
+    """
     return True
 
 

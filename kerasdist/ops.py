@@ -52,12 +52,32 @@ _MOVABLE_DTYPES = _REDUCIBLE_DTYPES + (tf.bool,)
 
 
 class ReduceOp(enum.IntEnum):
-    """How allreduce and reducescatter combine values (values match the C++ engine)."""
+    """How allreduce and reducescatter combine values (values match the C++ engine).
 
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist
+
+    kerasdist.init()
+    mine = tf.constant(float(kerasdist.rank() + 1))  # rank r sends r + 1
+    n = kerasdist.size()
+    print(float(kerasdist.allreduce(mine, op=kerasdist.ReduceOp.SUM)) == n * (n + 1) / 2)  # True
+    print(float(kerasdist.allreduce(mine, op=kerasdist.Max)) == n)  # True
+    print(kerasdist.Average is kerasdist.ReduceOp.AVERAGE)  # True
+    ```
+    """
+
+    #: The sum divided by ``size()`` (integers: the mean rounded toward zero); the default.
     AVERAGE = 0
+    #: The sum over ranks.
     SUM = 1
+    #: The smallest value, element by element.
     MIN = 2
+    #: The largest value, element by element.
     MAX = 3
+    #: The product over ranks.
     PRODUCT = 4
 
 
@@ -109,6 +129,17 @@ class Compression:
     tensor of the group its own. ``fp16`` holds values up to +-65504 only: a value beyond that,
     sent or in the sum (a Sum of 40000 on 2 ranks), becomes +-inf without an error. ``bf16`` has
     float32's range (to about 3.4e38) with 8 bits of precision and does not overflow.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist
+
+    kerasdist.init()
+    averaged = kerasdist.allreduce(tf.constant([1.0, 2.5]), compression=kerasdist.Compression.fp16)
+    print(averaged.dtype.name, averaged.numpy().tolist())  # float32 [1.0, 2.5]
+    ```
     """
 
     none = _NoCompression()

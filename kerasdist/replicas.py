@@ -27,7 +27,26 @@ _NAMED_DIFFERENCES = 3
 
 
 class ReplicaDivergenceError(RuntimeError):
-    """The ranks no longer hold the same training state: each would go on training its own model."""
+    """The ranks no longer hold the same training state: each would go on training its own model.
+
+    `check_replicas` raises it on every rank, naming the first variable that differs and the
+    ranks that hold which value.
+
+    Example:
+
+    ```python
+    import keras, kerasdist
+
+    kerasdist.init()
+    weight = keras.Variable([float(kerasdist.rank())], name="weight")  # a different value on each rank
+    try:
+        kerasdist.check_replicas(weight)
+        outcome = "alike"
+    except kerasdist.ReplicaDivergenceError:
+        outcome = "diverged"
+    print(outcome == ("alike" if kerasdist.size() == 1 else "diverged"))  # True
+    ```
+    """
 
 
 class _Entry:

@@ -278,7 +278,17 @@ def shutdown():
 
 
 def is_initialized():
-    """True between ``init()`` and ``shutdown()``."""
+    """True between ``init()`` and ``shutdown()``.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    print(kerasdist.is_initialized())  # True
+    ```
+    """
     return _state is not None
 
 
@@ -296,12 +306,35 @@ def _started():
 
 
 def rank():
-    """This process's rank in the job, 0 .. size()-1."""
+    """This process's rank in the job, 0 .. size()-1.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    print(0 <= kerasdist.rank() < kerasdist.size())  # True
+    print(kerasdist.allgather_object(kerasdist.rank()) == list(range(kerasdist.size())))  # True
+    ```
+    """
     return _started().rank
 
 
 def size():
-    """The number of processes in the job."""
+    """The number of processes in the job.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist
+
+    kerasdist.init()
+    total = kerasdist.allreduce(tf.constant(1.0), op=kerasdist.Sum)
+    print(float(total) == kerasdist.size())  # True
+    ```
+    """
     return _started().size
 
 
@@ -327,22 +360,63 @@ def planned_size():
 
 
 def local_rank():
-    """This process's rank among the processes on its host."""
+    """This process's rank among the processes on its host: which GPU, or which share of the
+    host's CPUs, is this rank's.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    print(0 <= kerasdist.local_rank() < kerasdist.local_size())  # True
+    ```
+    """
     return _started().local_rank
 
 
 def local_size():
-    """The number of processes on this host."""
+    """The number of processes on this host.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    print(1 <= kerasdist.local_size() <= kerasdist.size())  # True
+    ```
+    """
     return _started().local_size
 
 
 def cross_rank():
-    """The index of this host among hosts (ranks with the same local_rank, in rank order)."""
+    """The index of this host among hosts (ranks with the same local_rank, in rank order).
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    print(0 <= kerasdist.cross_rank() < kerasdist.cross_size())  # True
+    ```
+    """
     return _started().cross_rank
 
 
 def cross_size():
-    """The number of hosts that have a process with this local_rank."""
+    """The number of hosts that have a process with this local_rank.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    print(kerasdist.cross_size() * kerasdist.local_size() >= kerasdist.size())  # True
+    ```
+    """
     return _started().cross_size
 
 

@@ -11,7 +11,16 @@ _RESERVED_METRIC_NAMES = ("loss", "global_step")
 
 class ModeKeys:
     """The mode `model_fn` is called in: the same strings as `tf.estimator.ModeKeys`, so code
-    that compares `mode` with them keeps working."""
+    that compares `mode` with them keeps working.
+
+    Example:
+
+    ```python
+    from kerasdist.estimator import ModeKeys
+
+    print(ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT)  # train eval infer
+    ```
+    """
 
     TRAIN = "train"
     EVAL = "eval"

@@ -109,7 +109,19 @@ def _check_process_set(process_set):
 
 
 class Compression:
-    """Horovod's gradient compression: `none`, or `fp16` (floats travel as float16)."""
+    """Horovod's gradient compression: `none`, or `fp16` (floats travel as float16).
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    averaged = hvd.allreduce(tf.constant([1.0, 2.5]), compression=hvd.Compression.fp16)
+    print(averaged.dtype.name, averaged.numpy().tolist())  # float32 [1.0, 2.5]
+    ```
+    """
 
     none = ops.Compression.none
     fp16 = ops.Compression.fp16
@@ -157,6 +169,15 @@ def init(comm=None, process_sets=None):
 
     Horovod's `comm` (an mpi4py communicator or a list of ranks) and `process_sets` select
     subsets of ranks, which kerasdist does not offer: give neither.
+
+    Example:
+
+    ```python
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    print(hvd.is_initialized(), 0 <= hvd.rank() < hvd.size())  # True True
+    ```
     """
     if comm is not None or process_sets is not None:
         raise _NOT_OFFERED["ProcessSet"].error()
@@ -259,7 +280,20 @@ def allreduce(
     ignore_name_scope=False,
 ):
     """Horovod's `allreduce`: Average by default; `tf.IndexedSlices` are gathered (Sum/Average only,
-    no pre/postscale). Devices are ignored: kerasdist reduces on the CPU."""
+    no pre/postscale). Devices are ignored: kerasdist reduces on the CPU.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    mean = hvd.allreduce(tf.constant(float(hvd.rank())))
+    print(float(mean) == (hvd.size() - 1) / 2)  # True
+    print(float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum)) == hvd.size())  # True
+    ```
+    """
     op, wire, compressor = _allreduce_arguments(
         [tensor], op, average, prescale_factor, postscale_factor, compression, process_set
     )
@@ -281,7 +315,19 @@ def grouped_allreduce(
     ignore_name_scope=False,
     name=None,
 ):
-    """Horovod's `grouped_allreduce`: the tensors are reduced as one unit (Average by default)."""
+    """Horovod's `grouped_allreduce`: the tensors are reduced as one unit (Average by default).
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    ones, twos = hvd.grouped_allreduce([tf.ones([2]), tf.fill([3], 2.0)])
+    print(ones.numpy().tolist(), twos.numpy().tolist())  # [1.0, 1.0] [2.0, 2.0, 2.0]
+    ```
+    """
     tensors = list(tensors)
     op, wire, compressor = _allreduce_arguments(
         tensors, op, average, prescale_factor, postscale_factor, compression, process_set
@@ -296,28 +342,93 @@ def grouped_allreduce(
 
 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Horovod's `allgather`: every rank's `tensor`, concatenated along dim 0 in rank order (see
+    `kerasdist.allgather`).
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    gathered = hvd.allgather(tf.fill([1], hvd.rank()))
+    print(gathered.numpy().tolist() == list(range(hvd.size())))  # True
+    ```
+    """
     _check_process_set(process_set)
     return ops.allgather(tensor, name)
 
 
 def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Horovod's `grouped_allgather`: `allgather` of each tensor of a list, as one unit.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    ranks, ones = hvd.grouped_allgather([tf.fill([1], hvd.rank()), tf.ones([2, 3])])
+    print(ranks.numpy().tolist() == list(range(hvd.size())), ones.shape == (2 * hvd.size(), 3))  # True True
+    ```
+    """
     _check_process_set(process_set)
     return ops.grouped_allgather(tensors, name)
 
 
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=global_process_set):
+    """Horovod's `broadcast`: every rank receives `root_rank`'s `tensor`.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    print(int(hvd.broadcast(tf.constant(hvd.rank()), root_rank=0)))  # 0
+    ```
+    """
     _check_process_set(process_set)
     return ops.broadcast(tensor, root_rank, name)
 
 
 def broadcast_variables(variables, root_rank, process_set=global_process_set, inplace=False):
-    """Assigns `root_rank`'s values to `variables` on every rank."""
+    """Assigns `root_rank`'s values to `variables` on every rank.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    weight = tf.Variable(float(hvd.rank()))
+    hvd.broadcast_variables([weight], root_rank=0)
+    print(float(weight.numpy()))  # 0.0
+    ```
+    """
     _check_process_set(process_set)
     ops.broadcast_variables(list(variables), root_rank)
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=global_process_set):
-    """Horovod's `alltoall`: returns `(received rows, received_splits)`."""
+    """Horovod's `alltoall`: returns `(received rows, received_splits)`.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    # Rank r sends one row holding r to every rank, so every rank receives 0, 1, ..., size - 1.
+    rows, splits = hvd.alltoall(tf.fill([hvd.size()], hvd.rank()))
+    print(rows.numpy().tolist() == list(range(hvd.size())), splits.numpy().tolist() == [1] * hvd.size())  # True True
+    ```
+    """
     _check_process_set(process_set)
     return ops.alltoall(tensor, splits, name, return_received_splits=True)
 
@@ -333,7 +444,19 @@ def reducescatter(
     prescale_factor=1.0,
     postscale_factor=1.0,
 ):
-    """Horovod's `reducescatter`: rank r keeps its share of dim 0 (lower ranks take the remainder)."""
+    """Horovod's `reducescatter`: rank r keeps its share of dim 0 (lower ranks take the remainder).
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    mine = hvd.reducescatter(tf.ones([2 * hvd.size()]), op=hvd.Sum)
+    print(mine.numpy().tolist() == [float(hvd.size())] * 2)  # True
+    ```
+    """
     _check_process_set(process_set)
     op = _op(op, None)
     if compression is Compression.none:
@@ -359,6 +482,19 @@ def grouped_reducescatter(
     postscale_factor=1.0,
     name=None,
 ):
+    """Horovod's `grouped_reducescatter`: `reducescatter` of each tensor of a list, as one unit.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    first, second = hvd.grouped_reducescatter([tf.ones([hvd.size()]), tf.ones([2 * hvd.size(), 3])])
+    print(first.shape, second.shape)  # (1,) (2, 3)
+    ```
+    """
     _check_process_set(process_set)
     if compression is not Compression.none:
         return [
@@ -371,27 +507,82 @@ def grouped_reducescatter(
 
 
 def barrier(process_set=global_process_set):
+    """Horovod's `barrier`: returns once every rank has called it.
+
+    Example:
+
+    ```python
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    hvd.barrier()
+    print("every rank got here")  # every rank got here
+    ```
+    """
     _check_process_set(process_set)
     ops.barrier()
 
 
 def join(device=""):
-    """Horovod's `join`: see `kerasdist.join`; returns the rank that joined last."""
+    """Horovod's `join`: see `kerasdist.join`; returns the rank that joined last.
+
+    Example:
+
+    ```python
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    print(0 <= hvd.join() < hvd.size())  # True
+    ```
+    """
     return kerasdist.join()
 
 
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=global_process_set):
+    """Horovod's `broadcast_object`: `root_rank`'s picklable `obj`, on every rank.
+
+    Example:
+
+    ```python
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    print(hvd.broadcast_object({"from": hvd.rank()}, root_rank=0))  # {'from': 0}
+    ```
+    """
     _check_process_set(process_set)
     return ops.broadcast_object(obj, root_rank, name)
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=global_process_set):
-    """A function that broadcasts its argument from `root_rank` (Horovod's TF1-session helper)."""
+    """A function that broadcasts its argument from `root_rank` (Horovod's TF1-session helper).
+
+    Example:
+
+    ```python
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    from_rank_0 = hvd.broadcast_object_fn(root_rank=0)
+    print(from_rank_0(hvd.rank()))  # 0
+    ```
+    """
     _check_process_set(process_set)
     return lambda obj: ops.broadcast_object(obj, root_rank, name)
 
 
 def allgather_object(obj, session=None, name=None, process_set=global_process_set):
+    """Horovod's `allgather_object`: the list of every rank's picklable `obj`, in rank order.
+
+    Example:
+
+    ```python
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    print(hvd.allgather_object(hvd.rank()) == list(range(hvd.size())))  # True
+    ```
+    """
     _check_process_set(process_set)
     return ops.allgather_object(obj, name)
 
@@ -441,6 +632,21 @@ def DistributedOptimizer(
 
     As in Horovod, `backward_passes_per_step=k` applies the SUM of the k micro-batch gradients
     unless `average_aggregated_gradients=True`. TensorFlow 1 optimizers do not exist in Keras 3.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    keras.utils.set_random_seed(1)  # the same first weights on every rank
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01 * hvd.size())), loss="mse")
+    history = model.fit(np.ones((8, 3)), np.ones((8, 1)), batch_size=4, verbose=0)
+    print(type(model.optimizer).__name__, len(history.history["loss"]))  # DistributedOptimizer 1
+    ```
     """
     op = _check_gradient_arguments(op, gradient_predivide_factor, compression, num_groups, groups, process_set)
     if not isinstance(optimizer, _keras.optimizers.Optimizer):
@@ -502,7 +708,22 @@ def DistributedGradientTape(
     process_set=global_process_set,
     scale_local_gradients=True,
 ):
-    """Horovod's `DistributedGradientTape`: `gradient()` returns gradients reduced across ranks."""
+    """Horovod's `DistributedGradientTape`: `gradient()` returns gradients reduced across ranks.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    weight = tf.Variable(1.0)
+    with tf.GradientTape() as tape:
+        loss = weight * float(hvd.rank())  # this rank's gradient is its rank
+    tape = hvd.DistributedGradientTape(tape)
+    print(float(tape.gradient(loss, [weight])[0]) == (hvd.size() - 1) / 2)  # True
+    ```
+    """
     op = _check_gradient_arguments(op, gradient_predivide_factor, compression, num_groups, groups, process_set)
     return _KerasdistGradientTape(gradtape, op, compression, sparse_as_dense)
 
@@ -522,7 +743,27 @@ def PartialDistributedGradientTape(
     scale_local_gradients=True,
 ):
     """Horovod's `PartialDistributedGradientTape`: the trainable weights of `local_layers` keep
-    this rank's own gradient (divided by size when `scale_local_gradients`); the rest are reduced."""
+    this rank's own gradient (divided by size when `scale_local_gradients`); the rest are reduced.
+
+    Example:
+
+    ```python
+    import keras
+    import tensorflow as tf
+    import kerasdist.horovod.tensorflow as hvd
+
+    hvd.init()
+    shared, local = keras.layers.Dense(1, use_bias=False), keras.layers.Dense(1, use_bias=False)
+    x = tf.ones([1, 1])
+    shared(x), local(x)
+    with tf.GradientTape() as tape:
+        loss = float(hvd.rank() + 1) * (shared(x) + local(x))  # rank r's gradients are r + 1
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[local], scale_local_gradients=False)
+    shared_gradient, local_gradient = tape.gradient(loss, shared.trainable_weights + local.trainable_weights)
+    print(float(shared_gradient[0, 0]) == (hvd.size() + 1) / 2)  # True
+    print(float(local_gradient[0, 0]) == hvd.rank() + 1)  # True
+    ```
+    """
     op = _check_gradient_arguments(op, gradient_predivide_factor, compression, num_groups, groups, process_set)
     if local_layers is None:
         local_layers = []

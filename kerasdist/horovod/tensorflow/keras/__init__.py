@@ -76,7 +76,26 @@ def DistributedOptimizer(
     process_set=global_process_set,
     scale_local_gradients=True,
 ):
-    """Horovod's Keras `DistributedOptimizer` (argument order as in `horovod.tensorflow.keras`)."""
+    """Horovod's Keras `DistributedOptimizer` (argument order as in `horovod.tensorflow.keras`).
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist
+    import kerasdist.horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])  # weights differ per rank
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    x, y = np.ones((8, 3)), np.full((8, 1), float(hvd.rank()))  # each rank its own targets
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+    model.fit(x, y, batch_size=4, callbacks=callbacks, verbose=0)
+    kernel = model.layers[0].kernel.numpy()
+    print(all((other == kernel).all() for other in kerasdist.allgather_object(kernel)))  # True
+    ```
+    """
     # horovod.tensorflow's DistributedOptimizer takes every one of these by name: only the order differs
     return _hvd.DistributedOptimizer(**locals())
 
@@ -108,6 +127,23 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     The optimizer's saved state (slots, iterations) is kept; one saved as a
     `kerasdist.DistributedOptimizer` already comes back as one and is left as it is.
     `custom_optimizers` (classes) are found by their class names, as `custom_objects` are.
+
+    Example:
+
+    ```python
+    import keras
+    import kerasdist
+    import kerasdist.horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    if hvd.rank() == 0:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.01), loss="mse")
+        model.save("hvd_model.keras")
+    kerasdist.barrier()  # the file is written before any rank reads it
+    loaded = hvd.load_model("hvd_model.keras")
+    print(type(loaded.optimizer).__name__)  # DistributedOptimizer
+    ```
     """
     objects = dict(custom_objects or {})
     objects.update({optimizer.__name__: optimizer for optimizer in custom_optimizers or ()})

@@ -23,6 +23,23 @@ class BroadcastGlobalVariablesCallback(BroadcastGlobalState):
     Horovod broadcasts after the first batch; kerasdist broadcasts before it, so the first
     update already starts from the root's weights. The weights after it are the same.
     `local_variables` (variables each rank keeps) are not offered.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist
+    import kerasdist.horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])  # weights differ per rank
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    x, y = np.ones((8, 3)), np.full((8, 1), float(hvd.rank()))  # each rank its own targets
+    model.fit(x, y, batch_size=4, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)], verbose=0)
+    kernel = model.layers[0].kernel.numpy()
+    print(all((other == kernel).all() for other in kerasdist.allgather_object(kernel)))  # True
+    ```
     """
 
     def __init__(self, root_rank, device="", local_variables=None):
@@ -40,6 +57,24 @@ class MetricAverageCallback(keras.callbacks.Callback):
     This averages per-rank averages: exact when shards are the same size. `evaluate()` is not
     touched, so a rank may evaluate alone. kerasdist's `MetricAverage` computes exact global
     metrics instead (and makes `evaluate()` a collective).
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist
+    import kerasdist.horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])  # weights differ per rank
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    x, y = np.ones((8, 3)), np.full((8, 1), float(hvd.rank()))  # each rank its own targets
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), hvd.callbacks.MetricAverageCallback()]
+    history = model.fit(x, y, batch_size=4, callbacks=callbacks, verbose=0)
+    # Each rank's loss differs (its own targets); the one reported is their average, alike on every rank.
+    print(len(set(kerasdist.allgather_object(history.history["loss"][-1]))))  # 1
+    ```
     """
 
     def __init__(self, device=""):
@@ -67,6 +102,24 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
             False: before every batch, with the fractional epoch `epoch + batch / steps_per_epoch`.
         momentum_correction: rescale SGD's velocity by new rate / old rate when the rate changes.
         steps_per_epoch: defaults to what `fit` knows.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist
+    import kerasdist.horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])  # weights differ per rank
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    x, y = np.ones((8, 3)), np.full((8, 1), float(hvd.rank()))  # each rank its own targets
+    schedule = hvd.callbacks.LearningRateScheduleCallback(initial_lr=0.1, multiplier=0.5, start_epoch=1)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), schedule]
+    model.fit(x, y, batch_size=4, epochs=3, callbacks=callbacks, verbose=0)
+    print(round(float(model.optimizer.learning_rate), 6))  # 0.05
+    ```
     """
 
     def __init__(
@@ -131,6 +184,24 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
         initial_lr / size * (1 + (e + (b + 1) / steps_per_epoch) * (size - 1) / warmup_epochs)
 
     so the last batch of warmup runs at exactly `initial_lr`; afterwards the rate is left alone.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist
+    import kerasdist.horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])  # weights differ per rank
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    x, y = np.ones((8, 3)), np.full((8, 1), float(hvd.rank()))  # each rank its own targets
+    warmup = hvd.callbacks.LearningRateWarmupCallback(initial_lr=0.01 * hvd.size(), warmup_epochs=2)
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), warmup]
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=callbacks, verbose=0)
+    print(round(float(model.optimizer.learning_rate), 6) == round(0.01 * hvd.size(), 6))  # True
+    ```
     """
 
     def __init__(self, initial_lr, warmup_epochs=5, momentum_correction=True, steps_per_epoch=None, verbose=0):
@@ -162,6 +233,27 @@ class BestModelCheckpoint(keras.callbacks.ModelCheckpoint):
 
     Horovod's was given its file by its Spark estimator; here pass `filepath=` (a `.keras` or,
     with `save_weights_only`, a `.weights.h5` path).
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import kerasdist
+    import kerasdist.horovod.tensorflow.keras as hvd
+
+    hvd.init()
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])  # weights differ per rank
+    model.compile(hvd.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+    x, y = np.ones((8, 3)), np.full((8, 1), float(hvd.rank()))  # each rank its own targets
+    import os
+
+    checkpoint = hvd.callbacks.BestModelCheckpoint(filepath="best.keras", monitor="loss")
+    callbacks = [hvd.callbacks.BroadcastGlobalVariablesCallback(0), checkpoint]
+    model.fit(x, y, batch_size=4, epochs=2, callbacks=callbacks, verbose=0)
+    kerasdist.barrier()
+    print(os.path.exists("best.keras"))  # True
+    ```
     """
 
     def __init__(
