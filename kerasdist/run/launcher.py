@@ -170,6 +170,7 @@ def make_parser():
     parser.add_argument(
         "-np",
         "-n",
+        "--np",  # Open MPI's spelling
         dest="num_processes",
         type=_positive_int,
         metavar="NP",

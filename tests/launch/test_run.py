@@ -461,6 +461,20 @@ def test_dry_run_prints_the_command_and_runs_nothing(tmp_path):
     assert not marker.exists()
 
 
+@pytest.mark.parametrize("spelling", ["-n", "--np"])
+def test_the_rank_count_takes_mpiexec_s_other_spellings(tmp_path, spelling):
+    finished = subprocess.run(
+        [*LAUNCHER, spelling, "3", "--dry-run", "true"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=tmp_path,
+        timeout=QUICK_TIMEOUT_S,
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.split()[:3] == [str(MPIEXEC), "-np", "3"]
+
+
 def test_verbose_prints_the_command_to_stderr_then_runs_it(tmp_path):
     finished = subprocess.run(
         [*LAUNCHER, "-np", "1", "--verbose", sys.executable, "-c", "print('RAN')"],
