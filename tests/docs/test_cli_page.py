@@ -61,7 +61,7 @@ def test_every_flag_is_on_the_page_with_its_argument_default_and_help():
         if action.option_strings and action.option_strings[0] in knob_defaults:
             assert default == f"`{knob_defaults[action.option_strings[0]]}`", (key, default)
     # Defaults that are not the knobs', spelled out: the page must agree with the launcher's behaviour.
-    assert rows["`-np`, `-n`"][2] == "required"
+    assert rows["`-np`, `-n`, `--np`"][2] == "required"
     assert rows["`--restarts`"][2] == "`0`"
     assert rows["`--dry-run`"][2] == "off"
     assert "not with `--hostfile` or `--host-discovery-script`" in rows["`-H`, `--hosts`"][3]
