@@ -658,7 +658,7 @@ def _same_weights_at_the_first_update(iterations, variables):
         return []
 
     def check():
-        checksums = ops.allgather(tf.stack([bit_pattern_checksum(v) for v in variables])[tf.newaxis])
+        checksums = ops.allgather(tf.stack([_bit_pattern_checksum(v) for v in variables])[tf.newaxis])
         differ = tf.reduce_any(tf.not_equal(checksums, checksums[:1]))
 
         def broadcast():
@@ -672,7 +672,7 @@ def _same_weights_at_the_first_update(iterations, variables):
     return [tf.cond(tf.equal(iterations, 0), check, lambda: tf.constant(False))]
 
 
-def bit_pattern_checksum(variable):
+def _bit_pattern_checksum(variable):
     """The sum of a variable's bit patterns, exact: ranks holding equal values get equal sums
     whatever order their reductions add in (a float sum could differ in its last bits)."""
     value = tf.convert_to_tensor(variable)

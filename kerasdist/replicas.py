@@ -18,7 +18,6 @@ import numpy as np
 import tensorflow as tf
 
 from kerasdist import _compat, ops, runtime, training_state
-from kerasdist.distributed_optimizer import bit_pattern_checksum
 from kerasdist.layers import SyncBatchNormalization
 
 ON_DIVERGENCE = ("raise", "warn")
@@ -204,16 +203,47 @@ def _layout_of(entry):
 _fingerprint_functions = {}
 
 
+def differing_variables(variables, name):
+    """The `variables` whose values are not the same on every rank, the same list on every rank.
+    A collective: every rank passes variables of the same shapes in the same order (one pass over
+    them and one allreduce of two numbers a variable)."""
+    if runtime.state().size == 1 or not variables:
+        return []
+    highest, lowest = _highest_and_lowest(np.asarray(_fingerprints(variables), np.int64), name)
+    return [variable for variable, high, low in zip(variables, highest, lowest) if high != low]
+
+
+# An odd 64-bit constant (2**64 / the golden ratio, as int64) that spreads the positional sum.
+_SPREAD = -0x61C8864680B583EB
+
+
+def _fingerprint(variable):
+    """An exact fingerprint of a variable's values: the sum of their bit patterns, and the sum of
+    each pattern times its position, combined. Equal values give equal fingerprints whatever order
+    a rank adds in (integer sums wrap alike); a changed value, or two values swapped, changes it,
+    but for 64-bit sums that collide by chance."""
+    bits = tf.reshape(tf.cast(_bit_patterns(variable), tf.int64), [-1])
+    positions = tf.range(1, tf.size(bits, out_type=tf.int64) + 1)
+    return tf.bitwise.bitwise_xor(tf.reduce_sum(bits), tf.reduce_sum(bits * positions) * _SPREAD)
+
+
+def _bit_patterns(variable):
+    value = tf.convert_to_tensor(variable)
+    if value.dtype.is_floating:  # float64 becomes pairs of int32
+        return tf.bitcast(value, tf.int16 if value.dtype.size == 2 else tf.int32)
+    return value
+
+
 def _fingerprints(variables):
-    """Every variable's exact fingerprint (`bit_pattern_checksum`), from one traced function per
-    list of variables: a model's hundreds of variables cost one call, not hundreds of ops."""
+    """Every variable's `_fingerprint`, from one traced function per list of variables: a model's
+    hundreds of variables cost one call, not hundreds of ops."""
     if not variables:
         return []
     key = tuple(id(v) for v in variables)
     function = _fingerprint_functions.get(key)
     if function is None:
         _fingerprint_functions.clear()  # the variables of the last list checked are kept alive here
-        function = tf.function(lambda: tf.stack([bit_pattern_checksum(v) for v in variables]), autograph=False)
+        function = tf.function(lambda: tf.stack([_fingerprint(v) for v in variables]), autograph=False)
         _fingerprint_functions[key] = function
     return function().numpy()
 

@@ -5,7 +5,7 @@ import itertools
 import keras
 import tensorflow as tf
 
-from kerasdist import _compat, data, ops, runtime, training_state
+from kerasdist import _compat, data, ops, replicas, runtime, training_state
 from kerasdist.training_state import model_state_variables
 
 
@@ -16,12 +16,13 @@ class BroadcastGlobalState(keras.callbacks.Callback):
     model. At `on_train_begin` every variable that exists is broadcast. Keras creates the rest
     inside the first step: an optimizer's state at its first `apply`, and the weights of a model
     without input shapes (a subclassed model, layers a custom `train_step` builds on first use,
-    a GAN's second optimizer). Then the train function is traced ahead of that step, everything
-    the trace created is broadcast, and only then does the step run, so its forward pass already
+    a GAN's second optimizer). Then the train function is traced ahead of that step, what the
+    trace created and differs between ranks is broadcast (an optimizer's zeroed slots start
+    alike and stay put), and only then does the step run, so its forward pass already
     uses `root_rank`'s weights (with `run_eagerly=True`, each variable the step creates takes
-    `root_rank`'s initial value as it is created). "Everything" is every variable of the model
-    and of each of its optimizers: `model.optimizer` and any optimizer the model holds as an
-    attribute. Dropout seed states stay per rank (see `training_state_variables`).
+    `root_rank`'s initial value as it is created). The variables are those of the model and of
+    each of its optimizers: `model.optimizer` and any optimizer the model holds as an attribute.
+    Dropout seed states stay per rank (see `training_state_variables`).
 
     It also checks that every rank will run the same number of steps per epoch (when Keras
     knows the number) and raises the same `ValueError` on every rank if not. A model compiled
@@ -89,7 +90,10 @@ class BroadcastGlobalState(keras.callbacks.Callback):
                     for v in training_state.training_state_variables(self.model)
                     if id(v) not in broadcast and id(v) not in own
                 ]
-                ops.broadcast_variables(created, root_rank=self.root_rank)
+                # Most of it (an optimizer's zeroed slots) starts alike everywhere: only what
+                # differs moves, not a model's size of zeros over the network.
+                different = replicas.differing_variables(created, "kerasdist.first_step_state")
+                ops.broadcast_variables(different, root_rank=self.root_rank)
                 return train_function(iterator)
             # run_eagerly: the variables the step creates as it runs take root_rank's initial
             # value as they are created.

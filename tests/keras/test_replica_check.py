@@ -212,6 +212,14 @@ def test_model_averaging_with_each_rank_s_own_optimizer_slots_raises_nothing():
 
 
 @needs_two_ranks
+def test_the_same_values_in_another_order_on_one_rank_are_a_difference():
+    values = [1.0, 2.0, 3.0, 4.0]
+    weights = tf.Variable(values[::-1] if RANK == 1 else values, name="swapped")  # equal sums of bits
+    with pytest.raises(kd.ReplicaDivergenceError, match="variable 'swapped"):
+        kd.check_replicas(weights)
+
+
+@needs_two_ranks
 def test_check_replicas_in_a_custom_loop_names_the_variable():
     weights = tf.Variable([1.0, 2.0, 3.0 + RANK], name="weights")
     with pytest.raises(kd.ReplicaDivergenceError, match="variable 'weights:0'|variable 'weights'"):
