@@ -12,8 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from docutils import nodes
-from sphinx import addnodes
 
 import kerasdist
 
@@ -99,6 +97,8 @@ def _docstring_examples():
 def documented(site):
     """{qualified name: (object type, page, the entry's content node)} of every Python object
     the API pages document."""
+    from sphinx import addnodes  # docutils and Sphinx: `make docs` (the site fixture) installs them
+
     found = {}
     for path in sorted(DOCTREES.glob("*.doctree")):
         doctree = pickle.loads(path.read_bytes())
@@ -115,10 +115,14 @@ def documented(site):
 
 def _own_children(content):
     """The entry's own paragraphs and code blocks, not those of the members documented inside it."""
+    from sphinx import addnodes
+
     return [child for child in content.children if not isinstance(child, (addnodes.desc, addnodes.index))]
 
 
 def _description(content):
+    from docutils import nodes
+
     children = _own_children(content)
     first = children[0] if children else None
     return first.astext().strip() if isinstance(first, nodes.paragraph) and first.astext() != "Example:" else ""
@@ -126,6 +130,8 @@ def _description(content):
 
 def _example(content):
     """The code of the entry's `Example:` python block, or None."""
+    from docutils import nodes
+
     children = _own_children(content)
     headings = [i for i, child in enumerate(children) if child.astext().strip() in ("Example:", "Example")]
     for block in children[headings[0] + 1 :] if headings else ():
