@@ -14,6 +14,7 @@ traced step (per new layout); after that a step pays one variable read and a com
 
 import hashlib
 import json
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -107,24 +108,44 @@ def misaligned_gradients_message(every_rank):
     return "kerasdist: the ranks' gradients do not line up, so they cannot be combined. " + " ".join(problems)
 
 
+def _unnumbered(name):
+    """`name` without Keras's automatic numbering ("sequential_12/dense_3/kernel" ->
+    "sequential/dense/kernel"), which counts the layers each process has made so far."""
+    return re.sub(r"_\d+(?=/|$)", "", name)
+
+
+def _same_variable_keys(entries):
+    """A key per entry that names the same variable on every rank: its unnumbered name and how
+    many entries before it share that name."""
+    seen = {}
+    keys = []
+    for name, *_ in entries:
+        unnumbered = _unnumbered(name)
+        keys.append((unnumbered, seen.get(unnumbered, 0)))
+        seen[unnumbered] = seen.get(unnumbered, 0) + 1
+    return keys
+
+
 def _different_variables(every_rank):
-    """The ranks list different numbers of trainable variables: say which, by name."""
+    """The ranks list different numbers of trainable variables: say which, by name (as the lowest
+    rank that trains it calls it)."""
     everyone = set(range(len(every_rank)))
-    holders_of = {}  # name -> the ranks that train it, names in first-seen order
+    holders_of, name_of = {}, {}  # key -> the ranks that train it, keys in first-seen order
     for rank, entries in enumerate(every_rank):
-        for name, *_ in entries:
-            holders_of.setdefault(name, set()).add(rank)
+        for key, (name, *_) in zip(_same_variable_keys(entries), entries):
+            holders_of.setdefault(key, set()).add(rank)
+            name_of.setdefault(key, name)
     names_by_holders = {}
-    for name, holders in holders_of.items():
+    for key, holders in holders_of.items():
         if holders != everyone:
-            names_by_holders.setdefault(frozenset(holders), []).append(name)
+            names_by_holders.setdefault(frozenset(holders), []).append(name_of[key])
     if 0 < len(names_by_holders) <= _NAMED_GROUPS:
         which = "; ".join(
             f"{_names(names)} {'is' if len(names) == 1 else 'are'} trainable on {_ranks(holders)} "
             f"but not trainable on {_ranks(everyone - holders)}"
             for holders, names in names_by_holders.items()
         )
-    else:  # Keras's automatic layer names, numbered differently on each rank
+    else:  # names the ranks gave differently beyond Keras's numbering
         which = "their names differ too"
     counts = ", ".join(f"rank {rank} trains {len(entries)}" for rank, entries in enumerate(every_rank))
     return (

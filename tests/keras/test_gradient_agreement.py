@@ -58,6 +58,8 @@ def test_a_gradient_that_is_none_on_one_rank_only_is_named_on_every_rank():
 
 @needs_two_ranks
 def test_a_variable_trainable_on_some_ranks_only_is_named_on_every_rank():
+    if RANK == 0:  # earlier work took more automatic names here: the ranks number their layers apart
+        keras.Sequential([keras.layers.Dense(1)])
     keras.utils.set_random_seed(1)
     model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(4, name="hidden"), keras.layers.Dense(1)])
     model.get_layer("hidden").trainable = RANK != 1
@@ -68,7 +70,8 @@ def test_a_variable_trainable_on_some_ranks_only_is_named_on_every_rank():
     message = str(raised.value)
     assert "The ranks train different variables" in message, message
     assert "hidden/kernel" in message and "hidden/bias" in message, message
-    assert "not trainable on rank 1" in message, message
+    trainers = ", ".join(str(r) for r in range(SIZE) if r != 1)
+    assert f"are trainable on rank{'s' if SIZE > 2 else ''} {trainers} but not trainable on rank 1." in message, message
     assert "`trainable`" in message, message
 
 
