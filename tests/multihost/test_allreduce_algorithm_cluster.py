@@ -6,7 +6,7 @@ puts 4 x S on one host's link. The job with KERASDIST_ALLREDUCE_ALGORITHM=mpi sh
 bytes tell the two apart here."""
 
 import pytest
-from multihost_utils import reports
+from multihost_utils import DEFAULT_JOB_TIMEOUT_S, reports
 
 HOSTS = 3
 CALL_BYTES, CALLS = 16 << 20, 3  # what scripts/allreduce_algorithm.py reduces
@@ -31,7 +31,7 @@ def busiest_link(cluster, cwd, algorithm):
     return max(b - a for a, b in zip(before, after))
 
 
-@pytest.mark.timeout(300, method="thread")
+@pytest.mark.timeout(2 * DEFAULT_JOB_TIMEOUT_S + 60, method="thread")  # the jobs' own timeouts fire first
 def test_three_hosts_reduce_large_tensors_as_a_ring_with_the_same_bits_on_every_rank(clusters, tmp_path):
     cluster = clusters.get(hosts=HOSTS, slots=1)
     ring = busiest_link(cluster, tmp_path, "auto")
