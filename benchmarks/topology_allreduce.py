@@ -60,7 +60,7 @@ def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layouts", nargs="+", default=["2x1", "3x1", "4x1", "3x2"], help="HOSTSxRANKS_PER_HOST")
     parser.add_argument("--rate", default="1gbit", help="tc rate of every host's link (default: %(default)s)")
-    parser.add_argument("--sizes_kib", type=int, nargs="+", default=[4, 64, 128, 256, 512, 1024, 4096, 16384])
+    parser.add_argument("--sizes_kib", type=int, nargs="+", default=[4, 64, 256, 1024, 4096, 12288, 16384])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--job_timeout_s", type=int, default=900)
     parser.add_argument("--json", default=str(REPO / "bench-results" / "topology_allreduce.json"))

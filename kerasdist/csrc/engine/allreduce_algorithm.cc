@@ -124,6 +124,7 @@ Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, Allreduce
   }
   // A rank whose MPI lacks the variable keeps MPI's choice, so every rank does.
   made.ring_available_ = least[0] == 1;
+  MPI_Comm_size(comm, &made.ranks_);
   made.hosts_ = hosts;
   made.ranks_per_host_ = least[3] == -least[4] ? least[3] : 0;
   *algorithm = made;
@@ -141,7 +142,9 @@ std::string AllreduceAlgorithm::Describe() const {
   }
   if (choice_ == AllreduceChoice::kRing) return text + "MPICH's ring for every MPI_Allreduce";
   if (hosts_ < kRingFromHosts) return text + "MPI's own choice (fewer than " + std::to_string(kRingFromHosts) + " hosts)";
-  return text + "MPICH's ring for calls of at least " + std::to_string(kRingFromBytes) + " bytes, MPI's own choice below";
+  const bool power_of_two = (ranks_ & (ranks_ - 1)) == 0;
+  const int64_t from = power_of_two ? kRingFromBytesPowerOfTwo : kRingFromBytes;
+  return text + "MPICH's ring for calls of at least " + std::to_string(from >> 10) + " KiB, MPI's own choice below";
 }
 
 }  // namespace kerasdist

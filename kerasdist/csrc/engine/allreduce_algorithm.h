@@ -20,9 +20,14 @@ namespace kerasdist {
 
 class AllreduceAlgorithm {
  public:
-  // Calls of at least this many bytes run as ring under kAuto when the job spans at least
-  // kRingFromHosts hosts (measured: docs/network.md, "Past two hosts").
-  static constexpr int64_t kRingFromBytes = int64_t{256} << 10;
+  // Under kAuto, calls run as ring when the job spans at least kRingFromHosts hosts and they are
+  // at least kRingFromBytes long, or kRingFromBytesPowerOfTwo when the ranks are a power of two
+  // (docs/network.md, "Past two hosts"). MPICH folds a rank count that is not a power of two with
+  // whole-buffer exchanges, so there its large-message choice puts twice a ring's bytes on one
+  // link (3 hosts: ring 1.4-2.8x as fast from 64 KiB to 16 MiB). At 4 hosts its choice moves a
+  // ring's bytes in fewer steps: ring took 1.5x as long from 1 to 4 MiB, and won only at 12 MiB.
+  static constexpr int64_t kRingFromBytes = int64_t{64} << 10;
+  static constexpr int64_t kRingFromBytesPowerOfTwo = int64_t{12} << 20;
   static constexpr int kRingFromHosts = 3;
 
   // MPI's own choice everywhere: what a backend without a communicator of its own uses.
@@ -33,10 +38,13 @@ class AllreduceAlgorithm {
   // the same choice and found the same variable, so that every rank decides alike.
   static Status Make(MPI_Comm comm, AllreduceChoice choice, AllreduceAlgorithm* algorithm);
 
-  // Whether an MPI_Allreduce of `bytes` should run as ring: the same answer on every rank.
+  // Whether an MPI_Allreduce of `bytes` should run as ring: the same answer on every rank, which
+  // knows the same bytes, ranks and hosts.
   bool UseRing(int64_t bytes) const {
     if (!ring_available_ || choice_ == AllreduceChoice::kMpi) return false;
-    return choice_ == AllreduceChoice::kRing || (hosts_ >= kRingFromHosts && bytes >= kRingFromBytes);
+    if (choice_ == AllreduceChoice::kRing) return true;
+    const bool power_of_two = (ranks_ & (ranks_ - 1)) == 0;
+    return hosts_ >= kRingFromHosts && bytes >= (power_of_two ? kRingFromBytesPowerOfTwo : kRingFromBytes);
   }
   // Runs `allreduce` (which returns an MPI error code) with the variable set to ring, then puts
   // back the value it held. The variable is the process's: an MPI_Allreduce that another thread
@@ -62,6 +70,7 @@ class AllreduceAlgorithm {
   bool ring_available_ = false;
   MPI_T_cvar_handle handle_ = MPI_T_CVAR_HANDLE_NULL;
   int ring_value_ = 0;
+  int ranks_ = 1;
   int hosts_ = 1;
   int ranks_per_host_ = 0;  // 0: hosts hold different numbers of ranks
 };

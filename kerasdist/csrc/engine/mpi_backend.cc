@@ -127,10 +127,14 @@ Status MpiBackend::Allreduce(const void* in, void* out, int64_t count, DataType 
       return MPI_Allreduce(in_place ? MPI_IN_PLACE : static_cast<const char*>(in) + at, piece_out, n,
                            ToMpiType(dtype), ToMpiOp(op, dtype), comm_);
     };
-    // Every rank has the same pieces, so every rank runs each as the same algorithm.
-    int code = halves                                    ? AllreduceHalves(piece_out, n, dtype, op, scale)
-               : algorithm_.UseRing(int64_t{n} * item_size) ? algorithm_.RunAsRing(reduce)
-                                                         : reduce();
+    int code;
+    if (halves) {
+      code = AllreduceHalves(piece_out, n, dtype, op, scale);
+    } else if (algorithm_.UseRing(int64_t{n} * item_size)) {  // the same pieces, so the same answer, on every rank
+      code = algorithm_.RunAsRing(reduce);
+    } else {
+      code = reduce();
+    }
     Status s = MpiStatus(code, "allreduce", name);
     if (!s.ok()) return s;
   }
