@@ -173,8 +173,9 @@ KNOBS = (
         "auto",
         _one_of(ALLREDUCE_ALGORITHMS),
         "which algorithm MPI runs the engine's allreduces with, under an MPI that lets a program choose per "
-        "call (MPICH, through MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM): auto: MPICH's ring for calls of at least "
-        "256 KiB when the job spans 3 or more hosts, where MPICH's own choice is far from the link; ring: "
+        "call (MPICH, through MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM): auto: MPICH's ring when the job spans 3 or "
+        "more hosts, for calls of at least 64 KiB (12 MiB when the ranks are a power of two), where MPICH's own "
+        "choice is far from the link; ring: "
         "always; mpi: MPI's own choice. Ring sets MPICH's process-wide variable for the length of each call: "
         "if the program makes MPI allreduces of its own on another thread meanwhile, set mpi",
         metavar="ALGORITHM",
