@@ -60,8 +60,9 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # pytest-xdist workers (each file's tests on one worker, longest files first: tests/conftest.py).
 # Then the collectives and Keras-layer suites run inside 2 and 3 ranks (the collectives at 2 with
 # fusion and splitting off, so every tensor takes the engine's unfused path; fused at 2 ranks they
-# run under Open MPI below and in test-nccl's MPICH build), and the docstring examples (written for
-# any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
+# run under Open MPI below and in test-nccl's MPICH build), the allreduces of
+# test_allreduce_algorithm.py again as MPICH's ring (KERASDIST_ALLREDUCE_ALGORITHM=ring) at 2 and 3
+# ranks, and the docstring examples (written for any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
 # The Open MPI build's suites come last, from a make of their own, which sees Open MPI if it was
 # just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not here: make soak,
 # make test-install (see there).
@@ -83,6 +84,10 @@ test: lint build
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
 	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
+	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=ring timeout 300 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider \
+	    tests/collectives/test_allreduce_algorithm.py
+	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=ring timeout 300 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider \
+	    tests/collectives/test_allreduce_algorithm.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras $(KERAS_AT_2_RANKS_ONLY)
 	$(MAKE) --no-print-directory test-openmpi
@@ -218,14 +223,16 @@ results-pages: venv
 	$(PY) benchmarks/render.py --plots
 
 # Emulated hosts (network namespaces; needs root): two on a 1 Gbit/s and on an unshaped link
-# (allreduce against raw MPI, fusion, compression, model.fit throughput), then negotiation cost
+# (allreduce against raw MPI, fusion, compression, model.fit throughput), then allreduce on 2, 3
+# and 4 hosts as MPICH's own choice and as its ring (KERASDIST_ALLREDUCE_ALGORITHM), negotiation cost
 # at 2-16 ranks on four, then fixed batch against noise-scale growth on two hosts at 1 Gbit/s,
 # then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging);
-# ~80 min. Each writes its result file to benchmarks/results/; then the tables of docs/network.md
+# ~90 min. Each writes its result file to benchmarks/results/; then the tables of docs/network.md
 # and (growth) docs/experiments.md are made anew from those files.
 bench-net: build
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py --json $(RESULTS)/network.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/fusion_tuning.py --json $(RESULTS)/fusion_tuning.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/topology_allreduce.py --json $(RESULTS)/topology_allreduce.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py --json $(RESULTS)/negotiation_scaling.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py --json $(RESULTS)/batch_growth_cluster.json
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py --json $(RESULTS)/slow_links_cluster.json

@@ -14,6 +14,7 @@ import os
 
 LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 AUTO_OR_OFF = ("auto", "off")
+ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring")
 
 # One MPI call moves an int count of elements; a fusion buffer bigger than this buys nothing
 # and may not be allocatable at all.
@@ -164,6 +165,22 @@ KNOBS = (
         metavar="MODE",
         flag_to_text=str.lower,
         to_engine=lambda mode: "1" if mode == "auto" else "0",
+    ),
+    Knob(
+        "allreduce_algorithm",
+        "KERASDIST_ALLREDUCE_ALGORITHM",
+        "--allreduce-algorithm",
+        "auto",
+        _one_of(ALLREDUCE_ALGORITHMS),
+        "which algorithm MPI runs the engine's allreduces with, under an MPI that lets a program choose per "
+        "call (MPICH, through MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM): auto: MPICH's ring when the job spans 3 or "
+        "more hosts, for calls of at least 64 KiB (12 MiB when the ranks are a power of two), where MPICH's own "
+        "choice is far from the link; ring: "
+        "always; mpi: MPI's own choice. Ring sets MPICH's process-wide variable for the length of each call: "
+        "if the program makes MPI allreduces of its own on another thread meanwhile, set mpi",
+        metavar="ALGORITHM",
+        flag_to_text=str.lower,
+        to_engine=_text,
     ),
     Knob(
         "bucket_bytes",

@@ -90,6 +90,16 @@ const std::map<std::string, Setter>& Setters() {
          o.cache_capacity = static_cast<int>(value);
          return true;
        }},
+      {"allreduce_algorithm",
+       [](kerasdist::EngineOptions& o, const std::string& t) {
+         using kerasdist::AllreduceChoice;
+         static const std::map<std::string, AllreduceChoice> kChoices = {
+             {"mpi", AllreduceChoice::kMpi}, {"ring", AllreduceChoice::kRing}, {"auto", AllreduceChoice::kAuto}};
+         auto choice = kChoices.find(t);
+         if (choice == kChoices.end()) return false;
+         o.allreduce_algorithm = choice->second;
+         return true;
+       }},
       {"timeline_path",
        [](kerasdist::EngineOptions& o, const std::string& t) {
          o.timeline_path = t;

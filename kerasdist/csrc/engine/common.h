@@ -25,6 +25,9 @@ enum class ReduceOp : uint8_t { kAverage = 0, kSum = 1, kMin = 2, kMax = 3, kPro
 // Where a request's tensors live. Negotiated: a tensor on a GPU on one rank and in host memory
 // on another cannot meet in one collective (NCCL moves device memory, MPI host memory).
 enum class Device : uint8_t { kCpu = 0, kGpu = 1 };
+// Which algorithm the engine's MPI allreduces run (KERASDIST_ALLREDUCE_ALGORITHM): MPI's own
+// choice, MPICH's ring, or ring where the hosts and the size make it faster (allreduce_algorithm.h).
+enum class AllreduceChoice : uint8_t { kMpi = 0, kRing = 1, kAuto = 2 };
 
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
@@ -128,6 +131,7 @@ struct EngineOptions {
   double mismatch_timeout_s = 0.0;     // every rank blocked in a different call; 0: never
   double collective_timeout_s = 0.0;   // an agreed collective without progress ends the job; 0: never
   int cache_capacity = 0;              // requests that may take the fast path
+  AllreduceChoice allreduce_algorithm = AllreduceChoice::kMpi;
   std::string timeline_path;           // written by rank 0 when set
   int log_level = 0;                   // 0 debug, 1 info, 2 warning, 3 error
 };

@@ -98,7 +98,8 @@ Status MpiStatus(int code, const char* what, const std::string& name) {
   return Status::Internal(std::string("kerasdist: ") + what + " failed for '" + name + "': " + std::string(text, len));
 }
 
-MpiBackend::MpiBackend(MPI_Comm comm, int64_t piece_bytes) : comm_(comm), piece_bytes_(piece_bytes) {
+MpiBackend::MpiBackend(MPI_Comm comm, int64_t piece_bytes, AllreduceAlgorithm algorithm)
+    : comm_(comm), piece_bytes_(piece_bytes), algorithm_(algorithm) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   CreateMpiReductions();
@@ -122,9 +123,18 @@ Status MpiBackend::Allreduce(const void* in, void* out, int64_t count, DataType 
     const size_t at = offset * item_size;
     const int n = static_cast<int>(std::min(piece, count - offset));
     char* piece_out = static_cast<char*>(out) + at;
-    int code = halves ? AllreduceHalves(piece_out, n, dtype, op, scale)
-                      : MPI_Allreduce(in_place ? MPI_IN_PLACE : static_cast<const char*>(in) + at, piece_out, n,
-                                      ToMpiType(dtype), ToMpiOp(op, dtype), comm_);
+    const auto reduce = [&] {
+      return MPI_Allreduce(in_place ? MPI_IN_PLACE : static_cast<const char*>(in) + at, piece_out, n,
+                           ToMpiType(dtype), ToMpiOp(op, dtype), comm_);
+    };
+    int code;
+    if (halves) {
+      code = AllreduceHalves(piece_out, n, dtype, op, scale);
+    } else if (algorithm_.UseRing(int64_t{n} * item_size)) {  // the same pieces, so the same answer, on every rank
+      code = algorithm_.RunAsRing(reduce);
+    } else {
+      code = reduce();
+    }
     Status s = MpiStatus(code, "allreduce", name);
     if (!s.ok()) return s;
   }

@@ -1,11 +1,13 @@
 // The backend for host memory: MPI on the engine's communicator, with the reductions MPI
-// cannot do well itself (16-bit floats, Min/Max of floats that agree on NaN).
+// cannot do well itself (16-bit floats, Min/Max of floats that agree on NaN), and MPI's own
+// allreduce algorithm chosen per call where MPI lets a program choose (allreduce_algorithm.h).
 #pragma once
 
 #include <mpi.h>
 
 #include <vector>
 
+#include "allreduce_algorithm.h"
 #include "backend.h"
 
 namespace kerasdist {
@@ -13,8 +15,8 @@ namespace kerasdist {
 class MpiBackend : public Backend {
  public:
   // `comm` stays the caller's. Allreduces longer than `piece_bytes` run in pieces that long
-  // (0: only as MPI's int counts require).
-  MpiBackend(MPI_Comm comm, int64_t piece_bytes);
+  // (0: only as MPI's int counts require); `algorithm` says which pieces run as MPICH's ring.
+  MpiBackend(MPI_Comm comm, int64_t piece_bytes, AllreduceAlgorithm algorithm = AllreduceAlgorithm());
 
   // 16-bit floats are combined in float32 by this backend, which scales as it rounds.
   bool ScalesWhileCombining(DataType dtype) const override { return IsHalf(dtype); }
@@ -46,6 +48,7 @@ class MpiBackend : public Backend {
   int rank_ = 0;
   int size_ = 1;
   int64_t piece_bytes_;
+  AllreduceAlgorithm algorithm_;
   std::vector<uint16_t> scratch_;  // what CombineChunks receives before combining
 };
 

@@ -144,8 +144,18 @@ Status MakeMpiTransport(const EngineOptions& options, Transport* transport) {
   MPI_Comm comm;
   MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  AllreduceAlgorithm algorithm;
+  Status chosen = AllreduceAlgorithm::Make(comm, options.allreduce_algorithm, &algorithm);
+  if (!chosen.ok()) return chosen;
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  SetLogging(options.log_level, rank);  // as the engine will: this message is logged before it starts
+  if (rank == 0) {
+    const bool unavailable = options.allreduce_algorithm == AllreduceChoice::kRing && !algorithm.ring_available();
+    Log(unavailable ? 2 : 1, "%s", algorithm.Describe().c_str());
+  }
   transport->control_plane = std::make_unique<MpiControlPlane>(comm);
-  transport->backend = std::make_unique<MpiBackend>(comm, options.fusion_threshold_bytes);
+  transport->backend = std::make_unique<MpiBackend>(comm, options.fusion_threshold_bytes, algorithm);
   SetJobAbort(AbortWorld);
   return Status::OK();
 }

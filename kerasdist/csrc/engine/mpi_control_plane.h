@@ -42,8 +42,9 @@ class MpiControlPlane : public ControlPlane {
 };
 
 // Checks that MPI is initialized with MPI_THREAD_MULTIPLE, duplicates the world for the engine,
-// and makes its control plane and host-memory backend (MpiBackend). Also makes EndJob end the
-// job with MPI_Abort. Collective: every rank calls it, from Engine::Start.
+// and makes its control plane and host-memory backend (MpiBackend, with the allreduce algorithm
+// that `options` asks for, AllreduceAlgorithm). Also makes EndJob end the job with MPI_Abort.
+// Collective: every rank calls it, from Engine::Start.
 Status MakeMpiTransport(const EngineOptions& options, Transport* transport);
 
 }  // namespace kerasdist

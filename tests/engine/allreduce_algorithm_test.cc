@@ -1,0 +1,160 @@
+// AllreduceAlgorithm and MpiBackend without the engine: which algorithm MPI's allreduce variable
+// holds while each of the backend's MPI_Allreduce calls runs. This program defines MPI_Allreduce
+// itself (MPI's profiling interface): the backend's calls reach it, it reads the variable through a
+// handle of its own and passes the call on to PMPI_Allreduce.
+//
+//   allreduce_algorithm_test --print-variable   prints "VARIABLE <value>": the variable's value as
+//                                               MPI set it from the environment (run it with
+//                                               MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring)
+//   allreduce_algorithm_test RING_VALUE|none    the checks, under mpiexec on one host; RING_VALUE is
+//                                               what the first form printed, none for an MPI without
+//                                               the variable (then nothing may change)
+//
+// Prints one line per failed check and "rank R: passed, F of N checks failed"; tests/engine/
+// test_allreduce_algorithm.py builds and runs it.
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "allreduce_algorithm.h"
+#include "half.h"
+#include "mpi_backend.h"
+
+namespace kd = kerasdist;
+
+namespace {
+
+int g_rank = 0;
+int g_size = 1;
+int g_checks = 0, g_failures = 0;
+MPI_T_cvar_handle g_variable = MPI_T_CVAR_HANDLE_NULL;  // this program's own handle; null without one
+MPI_Comm g_watched = MPI_COMM_NULL;                     // the backend's communicator
+std::vector<int> g_seen;                                // the variable's value in each of its allreduces
+
+void Check(bool ok, const std::string& what) {
+  ++g_checks;
+  if (ok) return;
+  std::printf("rank %d: FAILED: %s\n", g_rank, what.c_str());
+  std::fflush(stdout);
+  ++g_failures;
+}
+
+int ReadVariable() {
+  int value = -1;
+  if (g_variable != MPI_T_CVAR_HANDLE_NULL) MPI_T_cvar_read(g_variable, &value);
+  return value;
+}
+
+// A handle on the variable, found by its name alone.
+void OpenVariable() {
+  int provided = 0, index = -1, count = 0;
+  MPI_T_init_thread(MPI_THREAD_MULTIPLE, &provided);
+  if (MPI_T_cvar_get_index("MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM", &index) != MPI_SUCCESS) return;
+  if (MPI_T_cvar_handle_alloc(index, nullptr, &g_variable, &count) != MPI_SUCCESS) g_variable = MPI_T_CVAR_HANDLE_NULL;
+}
+
+std::string Seen() {
+  std::string text;
+  for (int value : g_seen) text += (text.empty() ? "" : ", ") + std::to_string(value);
+  return "[" + text + "]";
+}
+
+// A Sum of `count` float32 values through `backend` in pieces of `piece_bytes`: checks the result
+// (rank r sends i + r at index i) and that each of its MPI_Allreduce calls ran with the variable
+// at `expected` and that the variable holds what it held before afterwards.
+void CheckSum(kd::MpiBackend& backend, const std::string& what, int count, int calls, int expected) {
+  std::vector<float> values(count);
+  for (int i = 0; i < count; ++i) values[i] = static_cast<float>(i + g_rank);
+  const int before = ReadVariable();
+  g_seen.clear();
+  const kd::Status status =
+      backend.Allreduce(values.data(), values.data(), count, kd::DataType::kFloat32, kd::ReduceOp::kSum, 1.0, what);
+  Check(status.ok(), what + ": " + status.message);
+  bool right = true;
+  for (int i = 0; i < count; ++i) right &= values[i] == static_cast<float>(g_size * i + g_size * (g_size - 1) / 2);
+  Check(right, what + ": wrong sum");
+  Check(g_seen == std::vector<int>(calls, expected),
+        what + ": the variable held " + Seen() + " in its MPI_Allreduce calls, expected " + std::to_string(calls) +
+            " x " + std::to_string(expected));
+  Check(ReadVariable() == before, what + ": the variable holds " + std::to_string(ReadVariable()) + " afterwards, " +
+                                      std::to_string(before) + " before");
+}
+
+kd::AllreduceAlgorithm Made(kd::AllreduceChoice choice) {
+  kd::AllreduceAlgorithm algorithm;
+  const kd::Status status = kd::AllreduceAlgorithm::Make(g_watched, choice, &algorithm);
+  Check(status.ok(), "AllreduceAlgorithm::Make: " + status.message);
+  return algorithm;
+}
+
+void RunChecks(const char* ring_argument) {
+  const bool mpich = std::string(ring_argument) != "none";
+  const int ring = mpich ? std::atoi(ring_argument) : -1;
+  const int held = ReadVariable();
+
+  kd::AllreduceAlgorithm ring_choice = Made(kd::AllreduceChoice::kRing);
+  Check(ring_choice.ring_available() == mpich, std::string("ring_available() is ") +
+                                                   (ring_choice.ring_available() ? "true" : "false") +
+                                                   (mpich ? " under MPICH" : " without the variable"));
+  Check(ring_choice.hosts() == 1, "the job's ranks are on one host, not " + std::to_string(ring_choice.hosts()));
+  kd::MpiBackend ring_backend(g_watched, 0, ring_choice);
+  CheckSum(ring_backend, "ring, one piece", 1000, 1, mpich ? ring : held);
+  kd::MpiBackend ring_pieces(g_watched, 1024, ring_choice);  // 4,000 bytes: 4 pieces
+  CheckSum(ring_pieces, "ring, in pieces", 1000, 4, mpich ? ring : held);
+
+  // Below 3 hosts auto leaves every size to MPI, and mpi leaves everything to it.
+  kd::MpiBackend auto_backend(g_watched, 0, Made(kd::AllreduceChoice::kAuto));
+  CheckSum(auto_backend, "auto on one host", 1 << 20, 1, held);
+  kd::MpiBackend mpi_backend(g_watched, 0, Made(kd::AllreduceChoice::kMpi));
+  CheckSum(mpi_backend, "mpi", 1 << 20, 1, held);
+
+  // 16-bit floats take Alltoall and Allgather, not MPI_Allreduce, whatever the choice.
+  std::vector<uint16_t> halves(1000, kd::FloatToHalf(1.0f));
+  g_seen.clear();
+  const kd::Status half_status = ring_backend.Allreduce(halves.data(), halves.data(), 1000, kd::DataType::kFloat16,
+                                                        kd::ReduceOp::kSum, 1.0, "float16");
+  Check(half_status.ok() && kd::HalfToFloat(halves[999]) == static_cast<float>(g_size), "float16 sum");
+  Check(g_seen.empty(), "float16 ran MPI_Allreduce calls: " + Seen());
+
+  // Ranks given different choices are told so, every one of them, instead of hanging later.
+  kd::AllreduceAlgorithm mixed;
+  const kd::Status refused = kd::AllreduceAlgorithm::Make(
+      g_watched, g_rank == 0 ? kd::AllreduceChoice::kRing : kd::AllreduceChoice::kMpi, &mixed);
+  const bool named = refused.message.find("KERASDIST_ALLREDUCE_ALGORITHM differs between ranks") != std::string::npos;
+  Check(g_size == 1 ? refused.ok() : refused.code == kd::StatusCode::kInvalidArgument && named,
+        "different choices on different ranks: '" + refused.message + "'");
+}
+
+}  // namespace
+
+// MPI's profiling interface: the backend's MPI_Allreduce calls land here.
+extern "C" int MPI_Allreduce(const void* in, void* out, int count, MPI_Datatype type, MPI_Op op, MPI_Comm comm) {
+  int same = MPI_UNEQUAL;
+  if (g_watched != MPI_COMM_NULL && comm != MPI_COMM_NULL) PMPI_Comm_compare(comm, g_watched, &same);
+  if (same == MPI_IDENT) g_seen.push_back(ReadVariable());
+  return PMPI_Allreduce(in, out, count, type, op, comm);
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s --print-variable | RING_VALUE | none\n", argv[0]);
+    return 2;
+  }
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &g_size);
+  OpenVariable();
+  if (std::string(argv[1]) == "--print-variable") {
+    std::printf("VARIABLE %d\n", ReadVariable());
+  } else {
+    MPI_Comm_dup(MPI_COMM_WORLD, &g_watched);
+    RunChecks(argv[1]);
+    std::printf("rank %d: passed, %d of %d checks failed\n", g_rank, g_failures, g_checks);
+  }
+  MPI_Finalize();
+  return g_failures == 0 ? 0 : 1;
+}
