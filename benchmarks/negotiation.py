@@ -13,6 +13,11 @@ ranks on this host, once per path:
 
   .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/negotiation.py --json fast.json
   KERASDIST_CACHE_CAPACITY=1 .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/negotiation.py --json slow.json
+
+The cache capacity is fixed when the engine starts, so the two paths are two jobs, and the costs
+docs/network.md shows (fast - raw, slow - fast) are differences between them: if the machine's load
+changes between the jobs by more than the slow path costs, slow - fast comes out negative.
+benchmarks/render.py refuses such a pair of files, naming both medians; re-run both jobs.
 """
 
 import argparse

@@ -21,9 +21,16 @@ their numbers; transcribed files, and the expensive benchmarks that lay out thei
 carry them as {"columns", "rows"}. Every block ends with its provenance: measured (date, commit,
 machine, load, command) or recorded (when, and from which page it was transcribed). The output
 depends only on the result files, so the same files always make the same pages.
+
+A value no measurement can give stops the run (and --check), naming the file, where in it, and the
+value: a time that is zero, negative, NaN (written as null) or infinite; a ratio of times or rates
+that is not positive; a share outside [0, 1]; a median outside its own samples' range; a laid-out
+cell stating a time that is not positive; and a cost the tables derive (a difference of two
+medians, such as the negotiation paths' slow − fast) that comes out negative.
 """
 
 import argparse
+import math
 import pathlib
 import re
 import statistics
@@ -41,8 +48,11 @@ BLOCK = re.compile(r"(<!-- results:(?P<name>[^>\n]+?) -->\n)(?P<body>.*?)(<!-- /
 # ---- formatting -------------------------------------------------------------------------------
 
 
-def duration(seconds):
-    """A time per op as the tables show it: µs below a millisecond, else ms, 2-3 digits."""
+def duration(seconds, phase=False):
+    """A time per op as the tables show it: µs below a millisecond, else ms, 2-3 digits. A time is
+    finite and positive; the time spent in one ``phase`` of an op may be zero."""
+    if not (math.isfinite(seconds) and (seconds >= 0 if phase else seconds > 0)):
+        raise ValueError(f"{seconds!r} s is no time a table can show (a time is finite and positive)")
     micros = seconds * 1e6
     if micros < 10:
         return f"{micros:.1f} µs"
@@ -86,7 +96,100 @@ def load(name):
     path = RESULTS_DIR / f"{name}.json"
     if not path.is_file():
         raise SystemExit(f"no result file {path.relative_to(REPO)}: a page shows it; run its benchmark with --json")
-    return result_files.read(path)
+    record = result_files.read(path)
+    problems = impossible_values(record)
+    if problems:
+        raise SystemExit(
+            f"benchmarks/results/{name}.json holds values no measurement can give; not rendering it "
+            "(re-run its benchmark, or fix the transcription):\n" + "\n".join(f"  {problem}" for problem in problems)
+        )
+    return record
+
+
+# ---- values no measurement can give -------------------------------------------------------------
+
+# Keys of a result file by what their numbers are. A time (or a list of time samples, or a dict of
+# times by label) is finite and positive; a breakdown of a time into phases may hold zeros (a phase
+# the run never entered); a ratio is positive; a share is a fraction.
+TIME_KEY = re.compile(r"(_s|_ms|_us|seconds|samples)$")
+BREAKDOWN_KEY = re.compile(r"phases_s$|_per_step$")
+RATIO_KEY = re.compile(r"(^|_)ratio(_low|_high)?$|_over_|efficiency")
+SHARE_KEY = re.compile(r"(^|_)(share|probability)$")
+NOT_MEASURED = ("machine", "git", "config", "setup", "tables")
+# A laid-out table's cell that states a time: "-2247.7 µs" is refused, "12 ms" is not.
+TIME_CELL = re.compile(r"(?<![\w.])([−-]?\d[\d,]*(?:\.\d+)?)\s?(µs|ms|s)\b")
+NOT_A_NUMBER_CELL = re.compile(r"\b(nan|inf|infinity)\b", re.I)
+
+
+def impossible_values(record):
+    """What in ``record`` no measurement can give, one line each naming where it is and its value."""
+    problems = []
+
+    def where(path):
+        return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in path).lstrip(".")
+
+    def check(value, path, kind):
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if key in NOT_MEASURED and not path:
+                    continue
+                check(item, [*path, key], kind_of(key, kind))
+            check_summaries_within_samples(value, path)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                check(item, [*path, index], kind)
+        elif kind and kind != "phase time" and value is None:  # a run without the engine has no phases
+            problems.append(f"{where(path)} = null: a {kind} that was not a number (NaN is written as null)")
+        elif kind and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                problems.append(f"{where(path)} = {value}: a {kind} must be finite")
+            elif kind == "time" and value <= 0:
+                problems.append(f"{where(path)} = {value}: a time must be positive")
+            elif kind == "phase time" and value < 0:
+                problems.append(f"{where(path)} = {value}: a time spent in a phase cannot be negative")
+            elif kind == "ratio" and value <= 0:
+                problems.append(f"{where(path)} = {value}: a ratio of two times or rates must be positive")
+            elif kind == "share" and not 0 <= value <= 1:
+                problems.append(f"{where(path)} = {value}: a share must lie in [0, 1]")
+
+    def kind_of(key, inherited):
+        if inherited == "phase time" or BREAKDOWN_KEY.search(str(key)):
+            return "phase time"
+        if TIME_KEY.search(str(key)):
+            return "time"
+        if RATIO_KEY.search(str(key)):
+            return "ratio"
+        if SHARE_KEY.search(str(key)):
+            return "share"
+        return inherited
+
+    def check_summaries_within_samples(row, path):
+        # A median (or best, or any one summary) of samples lies within their range.
+        for key, value in row.items():
+            stem = re.sub(r"_(s|ms)$", "", str(key))
+            if stem == key or not isinstance(value, (int, float)):
+                continue
+            for samples_key in (f"{stem}_samples", f"{stem}_samples_ms", *(["samples"] if stem == "op" else [])):
+                samples = row.get(samples_key)
+                if not (isinstance(samples, list) and samples and all(isinstance(x, (int, float)) for x in samples)):
+                    continue
+                if not min(samples) <= value <= max(samples):
+                    problems.append(
+                        f"{where([*path, key])} = {value}: outside its own samples' range "
+                        f"[{min(samples)}, {max(samples)}] ({where([*path, samples_key])})"
+                    )
+
+    check(record, [], None)
+    for table_name, table in record.get("tables", {}).items():
+        for row_number, row in enumerate(table["rows"], start=1):
+            for column, cell in zip(table["columns"], row):
+                text = str(cell)
+                values = [float(number.replace("−", "-").replace(",", "")) for number, _ in TIME_CELL.findall(text)]
+                if NOT_A_NUMBER_CELL.search(text) or any(value <= 0 for value in values):
+                    problems.append(
+                        f"tables.{table_name} row {row_number} ({row[0]}), {column!r} = {text!r}: not a time"
+                    )
+    return problems
 
 
 # ---- blocks made from measured numbers ----------------------------------------------------------
@@ -227,7 +330,7 @@ def allreduce_phases():
     rows = []
     for label, raw_s, ours_s, phases in cases:
         other = phases["other"] + phases["slow_path"]
-        cells = [duration(other if key == "other" else phases[key]) for key, _ in PHASE_COLUMNS]
+        cells = [duration(other if key == "other" else phases[key], phase=True) for key, _ in PHASE_COLUMNS]
         rows.append([label, duration(raw_s), duration(ours_s), *cells])
     columns = [
         "per op (per step for the 160)",
@@ -239,15 +342,32 @@ def allreduce_phases():
 
 
 def negotiation_one_host():
+    """The two paths' costs are differences between two jobs (the cache capacity is fixed at
+    init), so a load change between them can outweigh what is measured: refused, not shown."""
     fast, slow = load("negotiation_fast_path"), load("negotiation_slow_path")
+    if slow["cache_capacity"] != 1 or fast["cache_capacity"] == 1:
+        raise SystemExit(
+            "negotiation_slow_path.json must be the run with KERASDIST_CACHE_CAPACITY=1 and "
+            f"negotiation_fast_path.json one with the default cache; they say cache_capacity "
+            f"{slow['cache_capacity']} and {fast['cache_capacity']}"
+        )
     raw = statistics.median(fast["raw_samples"] + slow["raw_samples"])
+    costs = {"fast − raw": fast["ours_s"] - raw, "slow − fast": slow["ours_s"] - fast["ours_s"]}
+    for label, cost in costs.items():
+        if cost <= 0:
+            raise SystemExit(
+                f"negotiation: {label} = {cost * 1e6:.1f} µs (fast path {fast['ours_s'] * 1e6:.1f} µs in "
+                f"negotiation_fast_path.json, slow path {slow['ours_s'] * 1e6:.1f} µs in negotiation_slow_path.json, "
+                f"raw {raw * 1e6:.1f} µs): a cost cannot be negative. The paths are timed in two jobs, and the "
+                "machine's load changed between them by more than the cost; re-run both of make bench's "
+                "negotiation lines on a quiet machine"
+            )
     row = [
         f"{fast['ranks']} (one host)",
         duration(raw),
         duration(fast["ours_s"]),
         duration(slow["ours_s"]),
-        duration(fast["ours_s"] - raw),
-        duration(slow["ours_s"] - fast["ours_s"]),
+        *(duration(cost) for cost in costs.values()),
     ]
     columns = ["ranks", "raw MPI 4-byte allreduce", "kerasdist, fast path", "kerasdist, slow path"]
     return markdown([*columns, "fast − raw", "slow − fast"], [row]), [fast, slow]
@@ -348,7 +468,10 @@ def laid_out_table(name):
 
 def block(name):
     """The generated text between a block's markers."""
-    table, records = BLOCKS.get(name, lambda: laid_out_table(name))()
+    try:
+        table, records = BLOCKS.get(name, lambda: laid_out_table(name))()
+    except ValueError as error:  # a value derived from the files (a difference, a quotient) is impossible
+        raise SystemExit(f"block results:{name}: {error}; not rendering it") from error
     return table + "\n\n" + "\n\n".join(provenance(record) for record in records) + "\n"
 
 

@@ -91,3 +91,92 @@ def test_pages_mark_recorded_tables_as_recorded_and_measured_ones_as_measured(mo
 def test_every_result_file_is_shown_on_a_page(monkeypatch):
     shown = set(files_read(monkeypatch, render.expected_pages))
     assert {path.stem for path in RESULT_FILES} == shown
+
+
+def test_every_result_file_holds_only_values_a_measurement_can_give():
+    for path in RESULT_FILES:
+        assert render.impossible_values(json.loads(path.read_text())) == [], path.name
+
+
+def results_with(monkeypatch, tmp_path, name, change):
+    """The repository's result files in ``tmp_path``, ``name``.json changed by ``change(record)``;
+    render reads them from there."""
+    for path in RESULT_FILES:
+        (tmp_path / path.name).write_text(path.read_text())
+    record = json.loads((tmp_path / f"{name}.json").read_text())
+    change(record)
+    (tmp_path / f"{name}.json").write_text(json.dumps(record))  # NaN stays NaN: json writes it as is
+    monkeypatch.setattr(render, "RESULTS_DIR", tmp_path)
+
+
+def refusal(monkeypatch, *argv):
+    """What `render.py *argv` exits with."""
+    monkeypatch.setattr(sys, "argv", ["render.py", *argv])
+    with pytest.raises(SystemExit) as exit_:
+        render.main()
+    return exit_.value.code
+
+
+def set_in(path, value):
+    def change(record):
+        *parents, last = path
+        for key in parents:
+            record = record[key]
+        record[last] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "name, path, value, says",
+    [
+        ("allreduce", ("sizes", 2, "ours_s"), -2.2477e-3, "sizes[2].ours_s = -0.0022477: a time must be positive"),
+        ("allreduce", ("sizes", 0, "raw_s"), 0.0, "sizes[0].raw_s = 0.0: a time must be positive"),
+        ("allreduce", ("sizes", 1, "raw_s"), float("nan"), "sizes[1].raw_s = nan: a time must be finite"),
+        ("allreduce", ("sizes", 1, "ours_s"), None, "sizes[1].ours_s = null: a time that was not a number"),
+        ("allreduce", ("sizes", 3, "ratio"), -0.4, "sizes[3].ratio = -0.4: a ratio of two times or rates must be"),
+        ("replica_check", ("models", 1, "share"), 1.5, "models[1].share = 1.5: a share must lie in [0, 1]"),
+        ("negotiation_fast_path", ("ours_s",), 1.0, "ours_s = 1.0: outside its own samples' range"),
+        ("op_floor", ("sizes", 0, "cases", "raw", "op_s"), 1e-9, "sizes[0].cases.raw.op_s = 1e-09: outside"),
+        (
+            "network",
+            ("tables", "allreduce 1 Gbit", "rows", 0, 3),
+            "-0.039 ms",
+            "tables.allreduce 1 Gbit row 1 (Sum), 'raw MPI' = '-0.039 ms': not a time",
+        ),
+    ],
+)
+def test_render_refuses_a_value_no_measurement_can_give(monkeypatch, tmp_path, name, path, value, says):
+    results_with(monkeypatch, tmp_path, name, set_in(path, value))
+    for argv in ([], ["--check"]):
+        message = refusal(monkeypatch, *argv)
+        assert isinstance(message, str) and f"benchmarks/results/{name}.json" in message, message
+        assert says in message, message
+
+
+def test_render_refuses_a_negotiation_path_cost_below_zero(monkeypatch, tmp_path):
+    # The fast-path job ran under more load than the slow-path one: its median is the larger.
+    slow = json.loads((ROOT / "benchmarks" / "results" / "negotiation_slow_path.json").read_text())
+    fast_median = slow["ours_s"] + 2.2477e-3
+
+    def slower_fast_path(record):
+        record["ours_samples"] = [fast_median, *record["ours_samples"][1:]]
+        record["ours_s"] = fast_median
+
+    results_with(monkeypatch, tmp_path, "negotiation_fast_path", slower_fast_path)
+    message = refusal(monkeypatch, "--check")
+    assert "negotiation: slow − fast = -2247.7 µs" in message, message
+    assert "negotiation_fast_path.json" in message and "negotiation_slow_path.json" in message
+    assert "two jobs" in message
+
+
+def test_render_refuses_negotiation_files_of_the_wrong_cache(monkeypatch, tmp_path):
+    results_with(monkeypatch, tmp_path, "negotiation_slow_path", set_in(("cache_capacity",), 1024))
+    assert "must be the run with KERASDIST_CACHE_CAPACITY=1" in refusal(monkeypatch, "--check")
+
+
+def test_a_table_never_shows_an_impossible_derived_time():
+    for impossible in (-2.2477e-3, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="no time a table can show"):
+            render.duration(impossible)
+    assert render.duration(0.0, phase=True) == "0.0 µs"
