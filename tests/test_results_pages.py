@@ -100,9 +100,14 @@ def test_every_result_file_holds_only_values_a_measurement_can_give():
 
 def results_with(monkeypatch, tmp_path, name, change):
     """The repository's result files in ``tmp_path``, ``name``.json changed by ``change(record)``;
-    render reads them from there."""
+    render reads them from there, and writes copies of the pages there, never the repository's."""
     for path in RESULT_FILES:
         (tmp_path / path.name).write_text(path.read_text())
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    for page in render.PAGES:
+        (pages / page.name).write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
+    monkeypatch.setattr(render, "PAGES", [pages / page.name for page in render.PAGES])
     record = json.loads((tmp_path / f"{name}.json").read_text())
     change(record)
     (tmp_path / f"{name}.json").write_text(json.dumps(record))  # NaN stays NaN: json writes it as is
