@@ -442,7 +442,63 @@ def replica_check():
     return markdown(columns, rows), [record]
 
 
+def summary_allreduce():
+    """kerasdist against raw MPI per size: on one host (allreduce.json, measured by `make bench`)
+    and between 2 hosts at 1 Gbit/s (network.json's Sum rows)."""
+    one_host, network = load("allreduce"), load("network")
+    two_hosts = {
+        row[1]: row[5] for row in network["tables"]["allreduce 1 Gbit"]["rows"] if row[0] == "Sum"
+    }  # size -> "ratio (range)"
+    rows = [
+        [
+            size(row["size_bytes"]),
+            f"{row['ratio']:.2f} ({row['ratio_low']:.2f}–{row['ratio_high']:.2f})",
+            two_hosts.get(size(row["size_bytes"]), "not measured"),
+            "allreduce.json, network.json",
+        ]
+        for row in one_host["sizes"]
+    ]
+    columns = [
+        "float32 allreduce",
+        f"one host, {one_host['ranks']} ranks: raw MPI time / kerasdist time (range)",
+        "2 hosts at 1 Gbit/s: raw MPI time / kerasdist time (range)",
+        "from benchmarks/results/",
+    ]
+    return markdown(columns, rows), [one_host, network]
+
+
+def summary_keras():
+    """model.fit scaling at 2 ranks on one host against plain Keras, per model (median of rounds)."""
+    records = [load("keras_scaling"), load("keras_scaling_mlp")]
+    rows = []
+    for record, file in zip(records, ("keras_scaling.json", "keras_scaling_mlp.json")):
+        ratios, n = record["summary"]["ratios"]["median"], record["setup"]["ranks"]
+        model = record["setup"]["model"]
+        rows.append(
+            [
+                f"`{model}`, {n} ranks",
+                f"{ratios['efficiency_vs_plain']:.3f}",
+                f"{ratios['efficiency_vs_kerasdist_1']:.3f}",
+                f"{ratios['ceiling_efficiency']:.3f}",
+                f"{ratios['efficiency_over_ceiling']:.3f}",
+                file,
+            ]
+        )
+    n = records[0]["setup"]["ranks"]
+    columns = [
+        "model.fit, one host",
+        f"E({n}) against plain Keras at 1 process",
+        f"E({n}) against kerasdist at 1 process",
+        f"ceiling: {n} plain processes that never communicate",
+        f"E({n}) / ceiling",
+        "from benchmarks/results/",
+    ]
+    return markdown(columns, rows), records
+
+
 BLOCKS = {
+    "summary#allreduce": summary_allreduce,
+    "summary#keras": summary_keras,
     "allreduce#sizes": allreduce_sizes,
     "allreduce#fusion": allreduce_fusion,
     "allreduce#phases": allreduce_phases,

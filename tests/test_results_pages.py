@@ -185,3 +185,81 @@ def test_a_table_never_shows_an_impossible_derived_time():
         with pytest.raises(ValueError, match="no time a table can show"):
             render.duration(impossible)
     assert render.duration(0.0, phase=True) == "0.0 µs"
+
+
+# ---- figures in prose ---------------------------------------------------------------------------
+
+# A measured figure: a number (or range) with a unit of time, rate, share or speed-up; an E(n)
+# value; a bare ratio said against raw MPI or another configuration. Sizes (KiB, MiB) and counts
+# are what a run was given, not what it measured.
+NUMBER = r"[−+±-]?\d[\d,]*(?:\.\d+)?"
+RANGE = rf"{NUMBER}(?:\s?[–-]\s?{NUMBER})?"
+FIGURE = re.compile(
+    rf"(?<![\w.(]){RANGE}\s?(?:µs|ms|s|%|Gbit/s|Mbit/s|MB/s|GB/s|GiB/s|img/s|images/s)(?![\w/])"
+    rf"|(?<![\w.(]){RANGE}\s?×(?!\s?\d)"
+    rf"|E\(\d+\)[^.;:\n]{{0,40}}?(?<![\w.(]){RANGE}(?![\w.])"
+    rf"|(?<![\w.(]){RANGE}(?= (?:of|against) (?:raw|the|twice|its|their|a|one)\b)"
+    r"|(?<![\w.])[0-2]\.\d\d+(?![\d.])"  # a ratio or an efficiency, as the tables give them
+)
+# What a figure may be without a result file: a target, a limit or a setting the reader chooses,
+# or a version, told by the words just before it; a link's speed (Gbit/s, Mbit/s) is a setting of
+# the emulated hosts when said as "at/over N Gbit/s" or "an N Mbit/s link".
+SETTING_BEFORE = re.compile(
+    r"(?:\btargets?\b[^.]{0,40}|\btimeout\b[^.]{0,20}|\bbudget\b[^.]{0,20}|\bdefault\b[^.]{0,20}"
+    r"|\b(?:at least|at most|every|after|within|for)\s|KERASDIST_\w+=|--[\w-]+[ =]|[<>≤≥]=?\s?"
+    r"|\b(?:Python|TensorFlow|TF|Keras|Slurm|NumPy|mpi4py|MPICH|MPI) )$"
+)
+LINK_BEFORE = re.compile(r"(?:\bat|\bover(?: an?)?|shaped to|\ban?)\s$")
+LINK_AFTER = re.compile(r"\s(?:links?|Ethernet)\b")
+
+
+def is_setting(line, match):
+    before, after = line[: match.start()], line[match.end() :]
+    if match.group(0).endswith("bit/s"):
+        return bool(LINK_BEFORE.search(before) or LINK_AFTER.match(after))
+    return bool(SETTING_BEFORE.search(before))
+
+
+PROSE_PAGES = [ROOT / "docs" / "performance.md", ROOT / "README.md"]
+
+
+def prose_lines(page):
+    """(line number, text) of what a page says by hand: outside the generated blocks and code, and
+    of the README only its Status section."""
+    text = page.read_text(encoding="utf-8")
+    text = render.BLOCK.sub(lambda match: "\n" * match.group(0).count("\n"), text)
+    fenced, section = False, None
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.startswith("```"):
+            fenced = not fenced
+        if line.startswith("## "):
+            section = line[3:].strip()
+        if fenced or line.startswith("```") or (page.name == "README.md" and section != "Status"):
+            continue
+        yield number, line
+
+
+def hand_figures(page):
+    """The measured figures a page states by hand that none of its generated blocks holds."""
+    text = page.read_text(encoding="utf-8")
+    generated = "".join(match.group("body") for match in render.BLOCK.finditer(text))
+    found = []
+    for number, line in prose_lines(page):
+        for match in FIGURE.finditer(line):
+            figure = match.group(0)
+            if is_setting(line, match):
+                continue
+            values = re.findall(r"\d[\d,]*(?:\.\d+)?", figure.split(")")[-1] if "E(" in figure else figure)
+            if generated and all(re.search(rf"(?<![\d.]){re.escape(value)}(?!\d)", generated) for value in values):
+                continue  # the same figure as a table of this page: they cannot disagree unnoticed
+            found.append(f"{page.relative_to(ROOT)}:{number}: {figure!r}")
+    return found
+
+
+@pytest.mark.parametrize("page", PROSE_PAGES, ids=lambda page: page.name)
+def test_prose_quotes_no_figure_that_no_result_file_holds(page):
+    found = hand_figures(page)
+    assert not found, (
+        "measured figures written by hand, which no results block of the page holds: point at the table's "
+        "row instead, or generate the sentence as a results block (benchmarks/render.py's BLOCKS):\n" + "\n".join(found)
+    )
