@@ -294,12 +294,44 @@ class DistributedOptimizer(WrappingOptimizer):
         residuals), each rank's own. Every other variable holds the same value on every rank.
         `Rank0Checkpoint(resume=True)` saves every rank's values of these, so that a resumed run
         continues exactly. The rows' variables have no fixed first dimension: they hold as many
-        rows as the window's micro-batches looked up."""
+        rows as the window's micro-batches looked up.
+
+        Example:
+
+        Three micro-batches with k = 2 leave one in the window, this rank's own.
+
+        ```python
+        import keras, kerasdist, numpy as np
+        kerasdist.init()
+        keras.utils.set_random_seed(kerasdist.rank())
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01), backward_passes_per_step=2)
+        model.compile(optimizer, loss="mse")
+        model.fit(np.ones((6, 3)), np.zeros((6, 1)), batch_size=2, verbose=0, callbacks=kerasdist.callbacks())
+        held = optimizer.per_rank_variables()
+        print(any(np.any(keras.ops.convert_to_numpy(v) != 0) for v in held))  # True
+        ```
+        """
         return self._window_variables() + self._held_row_variables() + self.reduction.per_rank_variables()
 
     def reset_per_rank_state(self):
         """Starts the per-rank state afresh: an empty accumulation window and zeroed reduction
-        state (no held gradients, so the next update of `Delayed` applies nothing; zero residuals)."""
+        state (no held gradients, so the next update of `Delayed` applies nothing; zero residuals).
+
+        Example:
+
+        ```python
+        import keras, kerasdist, numpy as np
+        kerasdist.init()
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01), backward_passes_per_step=2)
+        model.compile(optimizer, loss="mse")
+        model.fit(np.ones((6, 3)), np.zeros((6, 1)), batch_size=2, verbose=0, callbacks=kerasdist.callbacks())
+        optimizer.reset_per_rank_state()  # the third micro-batch's gradient is dropped
+        held = optimizer.per_rank_variables()
+        print(any(np.any(keras.ops.convert_to_numpy(v) != 0) for v in held))  # False
+        ```
+        """
         for partial in self._variables_after_the_counters():
             partial.assign(tf.zeros_like(partial))
         for held in self._held_rows or []:
@@ -339,6 +371,22 @@ class DistributedOptimizer(WrappingOptimizer):
         Args:
             value: the new k, an integer >= 1. Call it outside `tf.function`.
             model: the Keras model whose train function to rebuild when needed.
+
+        Example:
+
+        ```python
+        import keras, kerasdist, numpy as np
+        kerasdist.init()
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01))
+        model.compile(optimizer, loss="mse")
+        x, y = np.ones((8, 3)), np.zeros((8, 1))
+        model.fit(x, y, batch_size=2, verbose=0, callbacks=kerasdist.callbacks())
+        print(optimizer.set_backward_passes_per_step(2, model))  # True
+        model.fit(x, y, batch_size=2, verbose=0, callbacks=kerasdist.callbacks())  # 2 micro-batches an update
+        print(optimizer.set_backward_passes_per_step(4, model))  # False
+        print(optimizer.backward_passes_per_step)  # 4
+        ```
         """
         value = _check_backward_passes(value)
         needs_retrace = self.built and self._accumulators is None and value > 1

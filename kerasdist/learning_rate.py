@@ -18,7 +18,19 @@ SCALINGS = ("linear", "sqrt", "none")
 
 
 def check_scaling(scaling, argument="scaling"):
-    """Raises a ValueError naming `argument` unless `scaling` is one of `SCALINGS`."""
+    """Raises a ValueError naming `argument` unless `scaling` is one of `SCALINGS`.
+
+    Example:
+
+    ```python
+    from kerasdist.learning_rate import check_scaling
+    check_scaling("sqrt")  # one of SCALINGS: nothing happens
+    try:
+        check_scaling("quadratic", argument="lr_scaling")
+    except ValueError as error:
+        print(error)  # lr_scaling='quadratic'; expected one of ('linear', 'sqrt', 'none')
+    ```
+    """
     if scaling not in SCALINGS:
         raise ValueError(f"{argument}={scaling!r}; expected one of {SCALINGS}")
 
@@ -63,13 +75,37 @@ def batch_scale(optimizer, scaling):
 
     The factor is `batch_multiple` of the optimizer's `backward_passes_per_step` (1 for an
     optimizer that does not accumulate), passed through `scaling_factor`.
+
+    Example:
+
+    ```python
+    import keras
+    import kerasdist
+    from kerasdist.learning_rate import batch_scale
+    kerasdist.init()
+    optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
+    print(batch_scale(optimizer, "linear") == 2 * kerasdist.planned_size())  # True
+    print(batch_scale(optimizer, "none"))  # 1.0
+    ```
     """
     return scaling_factor(batch_multiple(getattr(optimizer, "backward_passes_per_step", 1)), scaling)
 
 
 def innermost_optimizer(optimizer):
     """Looks through wrappers (`DistributedOptimizer`, `LossScaleOptimizer`) to the optimizer that
-    owns the update rule."""
+    owns the update rule.
+
+    Example:
+
+    ```python
+    import keras
+    import kerasdist
+    from kerasdist.learning_rate import innermost_optimizer
+    sgd = keras.optimizers.SGD(0.1)
+    print(innermost_optimizer(kerasdist.DistributedOptimizer(sgd)) is sgd)  # True
+    print(innermost_optimizer(sgd) is sgd)  # True
+    ```
+    """
     while hasattr(optimizer, "inner_optimizer"):
         optimizer = optimizer.inner_optimizer
     return optimizer
@@ -84,7 +120,23 @@ def _velocities(optimizer):
 
 
 def current_learning_rate(optimizer):
-    """The optimizer's rate as a float; a `LearningRateSchedule` object is refused (it cannot be set)."""
+    """The optimizer's rate as a float; a `LearningRateSchedule` object is refused (it cannot be set).
+
+    Example:
+
+    ```python
+    import keras
+    import kerasdist
+    from kerasdist.learning_rate import current_learning_rate
+    optimizer = kerasdist.DistributedOptimizer(keras.optimizers.Adam(0.05))
+    print(round(current_learning_rate(optimizer), 6))  # 0.05
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=100, decay_rate=0.5)
+    try:
+        current_learning_rate(keras.optimizers.SGD(schedule))
+    except ValueError as error:
+        print(error)  # the optimizer's learning rate is a LearningRateSchedule object, ...
+    ```
+    """
     if isinstance(
         _compat.learning_rate_object(innermost_optimizer(optimizer)), keras.optimizers.schedules.LearningRateSchedule
     ):
@@ -100,6 +152,20 @@ def set_learning_rate(optimizer, new_lr, momentum_correction=True):
 
     SGD's velocity holds lr·g terms: rescaling it applies the new rate to the past gradients
     too, instead of a jump that momentum would smear over many steps (Goyal et al. 2017).
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    from kerasdist.learning_rate import current_learning_rate, set_learning_rate
+    optimizer = keras.optimizers.SGD(0.1, momentum=0.9)
+    weight = keras.Variable([1.0])
+    optimizer.apply([keras.ops.ones([1])], [weight])  # the velocity now holds -0.1 * gradient
+    set_learning_rate(optimizer, 0.05)
+    print(round(current_learning_rate(optimizer), 6))  # 0.05
+    print(np.round(keras.ops.convert_to_numpy(optimizer.momentums[0]), 6))  # [-0.05]
+    ```
     """
     old_lr = current_learning_rate(optimizer)
     if new_lr == old_lr:

@@ -118,7 +118,25 @@ class LearningRateWarmup(_LearningRateCallback):
         self.warmup_epochs = warmup_epochs
 
     def rate_at(self, epoch, batch):
-        """The rate for the step at `batch` of `epoch` (the formula in the class docstring)."""
+        """The rate for the step at `batch` of `epoch` (the formula in the class docstring).
+
+        Example:
+
+        Halfway through the ramp, the rate is halfway between η and η·k.
+
+        ```python
+        import keras, kerasdist
+        kerasdist.init()
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+        warmup = kerasdist.callbacks.LearningRateWarmup(warmup_epochs=2, initial_lr=0.01, steps_per_epoch=10)
+        warmup.set_model(model)
+        k = kerasdist.planned_size()
+        print(round(warmup.rate_at(0, 0), 6))  # 0.01
+        print(round(warmup.rate_at(1, 0), 6) == round(0.01 * (1 + k) / 2, 6))  # True
+        print(round(warmup.rate_at(2, 0), 6) == round(0.01 * k, 6))  # True
+        ```
+        """
         progress = min(1.0, (epoch * self.steps_per_epoch + batch) / (self.warmup_epochs * self.steps_per_epoch))
         return self.initial_lr * (1.0 + (batch_scale(self.model.optimizer, self.scaling) - 1.0) * progress)
 
@@ -148,7 +166,9 @@ class LearningRateMultiplier(_LearningRateCallback):
         end_epoch: first epoch it no longer applies to; None for no end.
         staircase, initial_lr, scaling, steps_per_epoch, momentum_correction, verbose: as above.
 
-    Example: the classic ImageNet schedule after 5 epochs of warmup.
+    Example:
+
+    The classic ImageNet schedule after 5 epochs of warmup.
 
     ```python
     import kerasdist

@@ -29,7 +29,9 @@ class GradientReduction:
 
     A reduction belongs to one optimizer: it is built with it and holds its state.
 
-    Example: a top-k method with error feedback (each rank sends its k largest values of each
+    Example:
+
+    A top-k method with error feedback (each rank sends its k largest values of each
     tensor, keeps the rest for later), the shape of Deep Gradient Compression.
 
     ```python
