@@ -496,7 +496,44 @@ def summary_keras():
     return markdown(columns, rows), records
 
 
+# The negotiation model's assumptions (docs/network.md says why): a small allreduce's latency per
+# round on TCP Ethernet and on InfiniBand, ResNet-50's grouped request, rank 0's receive bandwidth
+# and its time to check one rank's copy.
+ROUND_LATENCY_S = {"TCP": 30e-6, "InfiniBand": 3e-6}
+REQUEST_BYTES = 6000
+RECEIVE_BITS_PER_S = 10e9
+CHECK_PER_RANK_S = 5e-6
+
+
+def negotiation_model():
+    """What the negotiation model predicts at scale: arithmetic from the 2-rank, 2-host row of
+    negotiation_scaling.json (c_fast = fast − raw, c_slow = slow − fast, µs) and the assumptions
+    above, not a measurement."""
+    record = load("negotiation_scaling")
+    table = record["tables"]["negotiation"]
+    row = dict(zip(table["columns"], next(row for row in table["rows"] if row[0] == "2 (2)")))
+    fast_s, slow_s = float(row["fast - raw"]) * 1e-6, float(row["slow - fast"]) * 1e-6
+    per_rank_s = REQUEST_BYTES * 8 / RECEIVE_BITS_PER_S + CHECK_PER_RANK_S
+    rows = [
+        [
+            f"{ranks:,}",
+            "; ".join(duration(fast_s + latency * math.log2(ranks)) for latency in ROUND_LATENCY_S.values()),
+            duration(slow_s + ranks * per_rank_s),
+        ]
+        for ranks in (16, 1024, 4096)
+    ]
+    latencies = "; ".join(f"{name} α = {duration(latency)}" for name, latency in ROUND_LATENCY_S.items())
+    columns = [
+        "ranks",
+        f"fast path per cycle ({latencies})",
+        f"slow path extra, ResNet-50's grouped request (m = {REQUEST_BYTES / 1000:.0f} KB, "
+        f"B = {RECEIVE_BITS_PER_S / 1e9:.0f} Gbit/s, v = {duration(CHECK_PER_RANK_S)})",
+    ]
+    return markdown(columns, rows), [record]
+
+
 BLOCKS = {
+    "negotiation_scaling#model": negotiation_model,
     "summary#allreduce": summary_allreduce,
     "summary#keras": summary_keras,
     "allreduce#sizes": allreduce_sizes,

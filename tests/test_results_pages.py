@@ -196,7 +196,8 @@ NUMBER = r"[−+±-]?\d[\d,]*(?:\.\d+)?"
 RANGE = rf"{NUMBER}(?:\s?[–-]\s?{NUMBER})?"
 FIGURE = re.compile(
     rf"(?<![\w.(]){RANGE}\s?(?:µs|ms|s|%|Gbit/s|Mbit/s|MB/s|GB/s|GiB/s|img/s|images/s)(?![\w/])"
-    rf"|(?<![\w.(]){RANGE}\s?×(?!\s?\d)"
+    rf"|(?<![\w.(]){NUMBER}\.\d+(?:\s?[–-]\s?{NUMBER})?\s?×(?!\s?\d)"  # 1.3×: an integer, 16×, is a scale chosen
+    rf"|(?<![\w.(])\d+\s?[–-]\s?\d+\s?×(?!\s?\d)"
     rf"|E\(\d+\)[^.;:\n]{{0,40}}?(?<![\w.(]){RANGE}(?![\w.])"
     rf"|(?<![\w.(]){RANGE}(?= (?:of|against) (?:raw|the|twice|its|their|a|one)\b)"
     r"|(?<![\w.])[0-2]\.\d\d+(?![\d.])"  # a ratio or an efficiency, as the tables give them
@@ -206,6 +207,7 @@ FIGURE = re.compile(
 # the emulated hosts when said as "at/over N Gbit/s" or "an N Mbit/s link".
 SETTING_BEFORE = re.compile(
     r"(?:\btargets?\b[^.]{0,40}|\btimeout\b[^.]{0,20}|\bbudget\b[^.]{0,20}|\bdefault\b[^.]{0,20}"
+    r"|(?:\b|_)(?:momentum|coefficient|decay|rates?|best possible accuracy)[ =(](?:[\d.]+ / )*"
     r"|\b(?:at least|at most|every|after|within|for)\s|KERASDIST_\w+=|--[\w-]+[ =]|[<>≤≥]=?\s?"
     r"|\b(?:Python|TensorFlow|TF|Keras|Slurm|NumPy|mpi4py|MPICH|MPI) )$"
 )
@@ -220,7 +222,7 @@ def is_setting(line, match):
     return bool(SETTING_BEFORE.search(before))
 
 
-PROSE_PAGES = [ROOT / "docs" / "performance.md", ROOT / "README.md"]
+PROSE_PAGES = [*render.PAGES, ROOT / "README.md"]
 
 
 def prose_lines(page):
