@@ -533,6 +533,8 @@ def negotiation_model():
 
 
 BLOCKS = {
+    "large_batch#results": lambda: accuracy_against_baseline("large_batch#results"),
+    "large_batch_16x#results": lambda: accuracy_against_baseline("large_batch_16x#results"),
     "negotiation_scaling#model": negotiation_model,
     "summary#allreduce": summary_allreduce,
     "summary#keras": summary_keras,
@@ -547,6 +549,30 @@ BLOCKS = {
     "op_floor#sizes": op_floor,
     "replica_check#models": replica_check,
 }
+
+
+def accuracy_against_baseline(name):
+    """A transcribed accuracy table with, per row, how many points each accuracy column lies from
+    the baseline row's (medians as the cells give them), so that no page works them out by hand."""
+    file, _, key = name.partition("#")
+    record = load(file)
+    table = record["tables"][key]
+    accuracy_columns = [index for index, column in enumerate(table["columns"]) if column.startswith("test acc")]
+
+    def median(cell):
+        return float(re.match(r"\**([\d.]+)", cell).group(1))
+
+    baseline = next(row for row in table["rows"] if "(baseline)" in row[0])
+    rows = []
+    for row in table["rows"]:
+        points = [
+            "—" if row is baseline else f"{100 * (median(row[i]) - median(baseline[i])):+.1f}".replace("-", "−")
+            for i in accuracy_columns
+        ]
+        rows.append([*row, *points])
+    labels = ["points against the baseline" + table["columns"][i].removeprefix("test acc") for i in accuracy_columns]
+    columns = [*table["columns"], *labels]
+    return markdown(columns, rows), [record]
 
 
 def laid_out_table(name):

@@ -195,7 +195,7 @@ def test_a_table_never_shows_an_impossible_derived_time():
 NUMBER = r"[−+±-]?\d[\d,]*(?:\.\d+)?"
 RANGE = rf"{NUMBER}(?:\s?[–-]\s?{NUMBER})?"
 FIGURE = re.compile(
-    rf"(?<![\w.(]){RANGE}\s?(?:µs|ms|s|%|Gbit/s|Mbit/s|MB/s|GB/s|GiB/s|img/s|images/s)(?![\w/])"
+    rf"(?<![\w.(]){RANGE}\s?(?:µs|ms|s|%|Gbit/s|Mbit/s|MB/s|GB/s|GiB/s|img/s|images/s|points?)(?![\w/])"
     rf"|(?<![\w.(]){NUMBER}\.\d+(?:\s?[–-]\s?{NUMBER})?\s?×(?!\s?\d)"  # 1.3×: an integer, 16×, is a scale chosen
     rf"|(?<![\w.(])\d+\s?[–-]\s?\d+\s?×(?!\s?\d)"
     rf"|E\(\d+\)[^.;:\n]{{0,40}}?(?<![\w.(]){RANGE}(?![\w.])"
@@ -265,3 +265,14 @@ def test_prose_quotes_no_figure_that_no_result_file_holds(page):
         "measured figures written by hand, which no results block of the page holds: point at the table's "
         "row instead, or generate the sentence as a results block (benchmarks/render.py's BLOCKS):\n" + "\n".join(found)
     )
+
+
+def test_points_against_the_baseline_are_the_transcribed_medians_difference():
+    table = json.loads((ROOT / "benchmarks" / "results" / "large_batch_16x.json").read_text())["tables"]["results"]
+    body = blocks((ROOT / "docs" / "experiments.md").read_text(encoding="utf-8"))["large_batch_16x#results"]
+    baseline = [float(cell.split()[0]) for cell in table["rows"][0][4:6]]
+    for row in table["rows"][1:]:
+        medians = [float(cell.strip("*").split()[0].strip("*")) for cell in row[4:6]]
+        points = [round(100 * (median - base), 1) for median, base in zip(medians, baseline)]
+        shown = " | ".join(f"{point:+.1f}".replace("-", "−") for point in points)
+        assert f"| {' | '.join(row)} | {shown} |" in body, (row, shown)
