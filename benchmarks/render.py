@@ -608,30 +608,50 @@ def expected_pages():
 
 
 def plot_allreduce(path):
-    """kerasdist against raw MPI per size on one host, with the range over repeats."""
+    """The summary's allreduce table as a plot: kerasdist against raw MPI per size on one host
+    (allreduce.json, with the range over repeats) and between 2 hosts at 1 Gbit/s (network.json's
+    Sum rows)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    record = load("allreduce")
+    record, network = load("allreduce"), load("network")
     rows = record["sizes"]
     sizes = [row["size_bytes"] for row in rows]
     ratios = [row["ratio"] for row in rows]
     below = [row["ratio"] - row["ratio_low"] for row in rows]
     above = [row["ratio_high"] - row["ratio"] for row in rows]
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    ax.errorbar(sizes, ratios, yerr=[below, above], marker="o", capsize=3, label="kerasdist / raw MPI bandwidth")
+    ax.errorbar(sizes, ratios, yerr=[below, above], marker="o", capsize=3, label=f"one host, {record['ranks']} ranks")
+    two_hosts = {row[1]: row[5] for row in network["tables"]["allreduce 1 Gbit"]["rows"] if row[0] == "Sum"}
+    shown = [(s, two_hosts[size(s)]) for s in sizes if size(s) in two_hosts]
+    if shown:
+        medians, lows, highs = zip(*(map(float, re.findall(r"[\d.]+", cell)[:3]) for _, cell in shown))
+        ax.errorbar(
+            [s for s, _ in shown],
+            medians,
+            yerr=[[m - lo for m, lo in zip(medians, lows)], [hi - m for m, hi in zip(medians, highs)]],
+            marker="s",
+            capsize=3,
+            label="2 hosts at 1 Gbit/s (recorded)",
+        )
     ax.axhline(1.0, color="grey", ls=":", lw=1, label="parity with raw MPI")
     ax.set(
         xscale="log",
         xlabel="float32 tensor size (bytes)",
         ylabel="raw MPI time / kerasdist time",
-        title=f"allreduce at {record['ranks']} ranks on one host (median; bars: range over repeats)",
+        title="allreduce against raw MPI (median; bars: range over repeats)",
     )
     ax.set_xticks(sizes, [size(s) for s in sizes])
     ax.legend(fontsize=8)
-    fig.text(0.01, 0.01, f"{record['date']}, {record['machine']['cores']} cores, shared machine", fontsize=7)
+    fig.text(
+        0.01,
+        0.01,
+        f"one host: {record['date']}, {record['machine']['cores']} cores, shared machine; "
+        f"2 hosts: recorded {network.get('recorded', network.get('date'))}",
+        fontsize=7,
+    )
     fig.tight_layout(rect=(0, 0.03, 1, 1))
     fig.savefig(path, dpi=100, metadata={"Software": None})
     plt.close(fig)
