@@ -496,6 +496,47 @@ def summary_keras():
     return markdown(columns, rows), records
 
 
+def summary_network():
+    """What a user decides from across hosts, one figure a row, each naming its result file: the
+    allreduce against raw MPI at 1 Gbit/s, the share of communication gradient buckets hide, and
+    each slow-link method's accuracy and training time."""
+    network, overlap, slow_links = load("network"), load("network_overlap"), load("slow_links_cluster")
+    ratios = {row[1]: row[5] for row in network["tables"]["allreduce 1 Gbit"]["rows"] if row[0] == "Sum"}
+    middle = [float(ratios[size].split()[0]) for size in ("64 KiB", "1 MiB", "4 MiB", "16 MiB")]
+    rows = [
+        [
+            "allreduce at 1 Gbit/s (Sum), raw MPI time / kerasdist time",
+            f"{min(middle):.2f}–{max(middle):.2f} from 64 KiB to 16 MiB; {ratios['4 KiB'].split()[0]} at 4 KiB",
+            "network.json",
+        ]
+    ]
+    for row in overlap["tables"]["overlap"]["rows"]:
+        if row[2].startswith("automatic"):
+            rows.append(
+                [
+                    f"share of the communication that gradient buckets hide, {row[0]} over {row[1]}",
+                    row[-1].strip("*"),
+                    "network_overlap.json",
+                ]
+            )
+    table = slow_links.get("tables", {}).get("results") or {"columns": [], "rows": []}
+    column = {name: index for index, name in enumerate(table["columns"])}
+    for row in table["rows"]:
+        seconds, _, against_synchronous = row[column["training s, median"]].partition(" ")
+        rows.append(
+            [
+                f"{row[0]} at 1 Gbit/s: final test accuracy; training time (medians of 3 seeds)",
+                f"{row[column['final test acc, median']]}; {seconds} s {against_synchronous}".strip(),
+                "slow_links_cluster.json",
+            ]
+        )
+    return markdown(["2 hosts, one rank each", "figure", "from benchmarks/results/"], rows), [
+        network,
+        overlap,
+        slow_links,
+    ]
+
+
 # The negotiation model's assumptions (docs/network.md says why): a small allreduce's latency per
 # round on TCP Ethernet and on InfiniBand, ResNet-50's grouped request, rank 0's receive bandwidth
 # and its time to check one rank's copy.
@@ -533,6 +574,7 @@ def negotiation_model():
 
 
 BLOCKS = {
+    "summary#network": summary_network,
     "large_batch#results": lambda: accuracy_against_baseline("large_batch#results"),
     "large_batch_16x#results": lambda: accuracy_against_baseline("large_batch_16x#results"),
     "negotiation_scaling#model": negotiation_model,
