@@ -537,6 +537,58 @@ def summary_network():
     ]
 
 
+def summary_experiments():
+    """The two experiments' answers, one row each, naming the result file: per batch, the best
+    method against the small-batch baseline; per setting, the updates noise-scale growth
+    needed to reach 99 % of the baseline's accuracy."""
+    rows, records = [], []
+    for file in ("large_batch_16x", "large_batch"):
+        record = load(file)
+        records.append(record)
+        table = record["tables"]["results"]
+        baseline = next(row for row in table["rows"] if "(baseline)" in row[0])
+        accuracy = table["columns"].index("test acc, BN recomputed")
+
+        def median(row, accuracy=accuracy):
+            return float(re.match(r"\**([\d.]+)", row[accuracy]).group(1))
+
+        for batch in sorted({row[1] for row in table["rows"] if row is not baseline}, key=int):
+            best = max((row for row in table["rows"] if row[1] == batch and row is not baseline), key=median)
+            scale = int(batch) // int(baseline[1])
+            points = f"{100 * (median(best) - median(baseline)):+.1f}".replace("-", "−")
+            rows.append(
+                [
+                    f"batch {batch} ({scale}× the baseline's {baseline[1]}), same epochs: the best method, points "
+                    "of test accuracy against the baseline (BatchNorm statistics recomputed)",
+                    f"{best[0]}: {points} points",
+                    f"{file}.json",
+                ]
+            )
+    for file, where in (
+        ("batch_growth", "one process, generated task"),
+        ("batch_growth_digits", "one process, digits"),
+        ("batch_growth_cluster", "2 hosts at 1 Gbit/s"),
+    ):
+        record = load(file)
+        records.append(record)
+        table = record["tables"]["results"]
+        column = {name: index for index, name in enumerate(table["columns"])}
+        growth = next(row for row in table["rows"] if row[0] == "growth: noise scale")
+        steps = column.get("updates to 99 %", column.get("steps to 99 %"))
+        answer = growth[steps]
+        if "s to 99 %" in column:
+            seconds, _, faster = growth[column["s to 99 %"]].partition(" ")
+            answer += f"; {seconds} s {faster}".rstrip()
+        rows.append(
+            [
+                f"noise-scale batch growth, {where}: updates to 99 % of the fixed batch's accuracy",
+                answer,
+                f"{file}.json",
+            ]
+        )
+    return markdown(["question", "answer", "from benchmarks/results/"], rows), records
+
+
 # The negotiation model's assumptions (docs/network.md says why): a small allreduce's latency per
 # round on TCP Ethernet and on InfiniBand, ResNet-50's grouped request, rank 0's receive bandwidth
 # and its time to check one rank's copy.
@@ -574,6 +626,7 @@ def negotiation_model():
 
 
 BLOCKS = {
+    "summary#experiments": summary_experiments,
     "summary#network": summary_network,
     "large_batch#results": lambda: accuracy_against_baseline("large_batch#results"),
     "large_batch_16x#results": lambda: accuracy_against_baseline("large_batch_16x#results"),
