@@ -62,7 +62,17 @@ class GradientNoiseScale:
         self._samples_per_micro_batch = value
 
     def build(self, optimizer):
-        """Creates the statistics' variables through `optimizer` (so they are saved with it)."""
+        """Creates the statistics' variables through `optimizer` (so they are saved with it).
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        noise = kerasdist.GradientNoiseScale(batch_size=32)
+        noise.build(keras.optimizers.SGD(0.1))
+        print(noise.built, noise.updates, noise.noise_scale())  # True 0 nan
+        ```
+        """
 
         def scalar(name):
             return optimizer.add_variable(shape=(), dtype="float32", name=name)
@@ -88,6 +98,21 @@ class GradientNoiseScale:
         `small_batch_sq_norm` is the mean ‖g‖² over micro-batch gradients, `big_batch_sq_norm`
         is ‖ḡ‖², and `big_over_small` = B_big / B_small = ranks × k. tr(Σ) is kept in units of
         the micro-batch (times b gives samples).
+
+        Example:
+
+        One update of 4 micro-batches whose gradients' mean squared norm is 12 and whose
+        average's is 6: |G|² = (4·6 − 12)/3 = 4, tr(Σ) = (12 − 6)/(1 − 1/4) = 8 per micro-batch.
+
+        ```python
+        import keras, kerasdist
+        noise = kerasdist.GradientNoiseScale(batch_size=32)
+        noise.build(keras.optimizers.SGD(0.1))
+        noise.update(12.0, 6.0, big_over_small=4)
+        print(noise.updates)  # 1
+        noise.update(12.0, 6.0, big_over_small=1)  # one batch size only: no estimate
+        print(noise.updates)  # 1
+        ```
         """
         big_over_small = tf.cast(big_over_small, tf.float32)
         usable = big_over_small > 1.0
@@ -117,15 +142,57 @@ class GradientNoiseScale:
         return int(self._value("noise_updates")) if self.built else 0
 
     def gradient_sq_norm(self):
-        """The smoothed estimate of |G|², the squared norm of the true gradient."""
+        """The smoothed estimate of |G|², the squared norm of the true gradient.
+
+        Example:
+
+        One update of 4 micro-batches whose gradients' mean squared norm is 12 and whose
+        average's is 6: |G|² = (4·6 − 12)/3 = 4, tr(Σ) = (12 − 6)/(1 − 1/4) = 8 per micro-batch.
+
+        ```python
+        import keras, kerasdist
+        noise = kerasdist.GradientNoiseScale(batch_size=32)
+        noise.build(keras.optimizers.SGD(0.1))
+        noise.update(12.0, 6.0, big_over_small=4)
+        print(round(noise.gradient_sq_norm(), 4))  # 4.0
+        ```
+        """
         return self._debiased("noise_gradient_sq_ema")
 
     def trace_covariance(self):
-        """The smoothed estimate of tr(Σ), per sample (needs `batch_size`)."""
+        """The smoothed estimate of tr(Σ), per sample (needs `batch_size`).
+
+        Example:
+
+        One update of 4 micro-batches whose gradients' mean squared norm is 12 and whose
+        average's is 6: |G|² = (4·6 − 12)/3 = 4, tr(Σ) = (12 − 6)/(1 − 1/4) = 8 per micro-batch.
+
+        ```python
+        import keras, kerasdist
+        noise = kerasdist.GradientNoiseScale(batch_size=32)
+        noise.build(keras.optimizers.SGD(0.1))
+        noise.update(12.0, 6.0, big_over_small=4)
+        print(round(noise.trace_covariance(), 4))  # 256.0
+        ```
+        """
         return self._debiased("noise_trace_ema") * self._batch_size()
 
     def noise_scale(self):
-        """B_noise = tr(Σ) / |G|² in samples, from the two moving averages (nan before any update)."""
+        """B_noise = tr(Σ) / |G|² in samples, from the two moving averages (nan before any update).
+
+        Example:
+
+        One update of 4 micro-batches whose gradients' mean squared norm is 12 and whose
+        average's is 6: |G|² = (4·6 − 12)/3 = 4, tr(Σ) = (12 − 6)/(1 − 1/4) = 8 per micro-batch.
+
+        ```python
+        import keras, kerasdist
+        noise = kerasdist.GradientNoiseScale(batch_size=32)
+        noise.build(keras.optimizers.SGD(0.1))
+        noise.update(12.0, 6.0, big_over_small=4)
+        print(round(noise.noise_scale(), 4))  # 64.0
+        ```
+        """
         if self.updates == 0:
             return math.nan
         return self._batch_size() * self._value("noise_trace_ema") / self._value("noise_gradient_sq_ema")

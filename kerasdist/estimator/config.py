@@ -63,7 +63,21 @@ class RunConfig:
             raise ValueError(f"save_checkpoints_secs={self.save_checkpoints_secs!r} must be > 0")
 
     def replace(self, **changes):
-        """A copy with `changes` applied (like TF1's `RunConfig.replace`)."""
+        """A copy with `changes` applied (like TF1's `RunConfig.replace`), checked as a new one is.
+
+        Example:
+
+        ```python
+        from kerasdist.estimator import RunConfig
+        config = RunConfig(save_checkpoints_steps=100)
+        print(config.replace(save_checkpoints_steps=500).save_checkpoints_steps)  # 500
+        print(config.save_checkpoints_steps)  # 100
+        try:
+            config.replace(save_checkpoints_secs=60)
+        except ValueError as error:
+            print(error)  # RunConfig: give save_checkpoints_steps or save_checkpoints_secs, not both
+        ```
+        """
         return dataclasses.replace(self, **changes)
 
     @property
@@ -82,6 +96,19 @@ class TrainSpec:
         input_fn: Returns the training `tf.data.Dataset` (see `Estimator.train`).
         max_steps: Train until the global step reaches this; `None` trains until the input ends.
         callbacks: Keras callbacks for `Estimator.train` (they replace TF1's `hooks`).
+
+    Example:
+
+    ```python
+    import keras, tensorflow as tf
+    from kerasdist import estimator
+
+    def train_input_fn():
+        return tf.data.Dataset.from_tensor_slices(([[1.0]] * 64, [[2.0]] * 64)).repeat().batch(8)
+
+    spec = estimator.TrainSpec(train_input_fn, max_steps=1000, callbacks=[keras.callbacks.TerminateOnNaN()])
+    print(spec.max_steps)  # 1000
+    ```
     """
 
     input_fn: Callable
@@ -105,6 +132,22 @@ class EvalSpec:
         every_n_steps: Evaluate after every this many training steps, and once more at the end.
             Defaults to the config's `save_checkpoints_steps`; without either, only at the end.
             (TF1's `throttle_secs` is gone: a decision by the clock could differ between ranks.)
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    from kerasdist import estimator
+
+    def eval_input_fn():
+        return tf.data.Dataset.from_tensor_slices(([[1.0]] * 64, [[2.0]] * 64)).batch(8)
+
+    spec = estimator.EvalSpec(eval_input_fn, name="holdout", every_n_steps=200)  # writes to eval_holdout
+    try:
+        estimator.EvalSpec(eval_input_fn(), name="holdout")
+    except TypeError as error:
+        print(error)  # EvalSpec: input_fn must be callable; got ...
+    ```
     """
 
     input_fn: Callable

@@ -185,6 +185,31 @@ class Estimator:
         Raises:
             ValueError: For bad step limits, an infinite input without one, or a bad
                 `EstimatorSpec` (every rank raises it, before any collective).
+
+        Example:
+
+        ```python
+        import keras, numpy as np, tensorflow as tf
+        from kerasdist import estimator
+
+        def model_fn(features, labels, mode):
+            model = keras.Sequential([keras.layers.Dense(1)])
+            predictions = model(features)
+            if mode == estimator.ModeKeys.PREDICT:
+                return estimator.EstimatorSpec(mode, predictions={"y": predictions}, model=model)
+            loss = tf.reduce_mean(tf.square(predictions - labels))
+            return estimator.EstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1), model=model)
+
+        x, y = np.ones((64, 2), "float32"), np.full((64, 1), 3.0, "float32")
+
+        def input_fn():
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+        regressor = estimator.Estimator(model_fn)  # a temporary model_dir
+        regressor.train(lambda: input_fn().repeat(), steps=30)
+        regressor.train(lambda: input_fn().repeat(), max_steps=30)  # already there: returns at once
+        print(regressor.evaluate(input_fn)["global_step"])  # 30
+        ```
         """
         if steps is not None and max_steps is not None:
             raise ValueError("train: give steps or max_steps, not both")
@@ -211,6 +236,32 @@ class Estimator:
             A dict: each `eval_metrics` result, `"loss"` (the mean of the spec's loss over
             examples: each batch's loss weighted by its size; TF1 averaged over batches) and
             `"global_step"` of the checkpoint. Equal on every rank.
+
+        Example:
+
+        ```python
+        import keras, numpy as np, tensorflow as tf
+        from kerasdist import estimator
+
+        def model_fn(features, labels, mode):
+            model = keras.Sequential([keras.layers.Dense(1)])
+            predictions = model(features)
+            if mode == estimator.ModeKeys.PREDICT:
+                return estimator.EstimatorSpec(mode, predictions={"y": predictions}, model=model)
+            loss = tf.reduce_mean(tf.square(predictions - labels))
+            return estimator.EstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1), model=model)
+
+        x, y = np.ones((64, 2), "float32"), np.full((64, 1), 3.0, "float32")
+
+        def input_fn():
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+        regressor = estimator.Estimator(model_fn)  # a temporary model_dir
+        regressor.train(lambda: input_fn().repeat(), steps=50)
+        metrics = regressor.evaluate(input_fn)
+        print(sorted(metrics))  # ['global_step', 'loss']
+        print(metrics["loss"] < 0.01)  # True
+        ```
         """
         _check_count("steps", steps)
         dataset, first, elements = self._input(input_fn, ModeKeys.EVAL)
@@ -246,6 +297,31 @@ class Estimator:
 
         Returns:
             A generator of predictions.
+
+        Example:
+
+        ```python
+        import keras, numpy as np, tensorflow as tf
+        from kerasdist import estimator
+
+        def model_fn(features, labels, mode):
+            model = keras.Sequential([keras.layers.Dense(1)])
+            predictions = model(features)
+            if mode == estimator.ModeKeys.PREDICT:
+                return estimator.EstimatorSpec(mode, predictions={"y": predictions}, model=model)
+            loss = tf.reduce_mean(tf.square(predictions - labels))
+            return estimator.EstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1), model=model)
+
+        x, y = np.ones((64, 2), "float32"), np.full((64, 1), 3.0, "float32")
+
+        def input_fn():
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+        regressor = estimator.Estimator(model_fn)  # a temporary model_dir
+        regressor.train(lambda: input_fn().repeat(), steps=50)
+        first = next(regressor.predict(lambda: tf.data.Dataset.from_tensor_slices(x).batch(8)))
+        print(round(float(first["y"][0]), 1))  # 3.0
+        ```
         """
         dataset, first, elements = self._input(input_fn, ModeKeys.PREDICT)
         graph = self._graph_for(ModeKeys.PREDICT, dataset.element_spec, first)
@@ -253,7 +329,33 @@ class Estimator:
         return _predictions(graph, elements, yield_single_examples)
 
     def latest_checkpoint(self):
-        """The newest checkpoint in `model_dir` (as rank 0 sees it), or `None`. A collective."""
+        """The newest checkpoint in `model_dir` (as rank 0 sees it), or `None`. A collective.
+
+        Example:
+
+        ```python
+        import keras, numpy as np, tensorflow as tf
+        from kerasdist import estimator
+
+        def model_fn(features, labels, mode):
+            model = keras.Sequential([keras.layers.Dense(1)])
+            predictions = model(features)
+            if mode == estimator.ModeKeys.PREDICT:
+                return estimator.EstimatorSpec(mode, predictions={"y": predictions}, model=model)
+            loss = tf.reduce_mean(tf.square(predictions - labels))
+            return estimator.EstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1), model=model)
+
+        x, y = np.ones((64, 2), "float32"), np.full((64, 1), 3.0, "float32")
+
+        def input_fn():
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+        regressor = estimator.Estimator(model_fn)  # a temporary model_dir
+        print(regressor.latest_checkpoint())  # None
+        regressor.train(lambda: input_fn().repeat(), steps=10)
+        print(regressor.latest_checkpoint().endswith("-10"))  # True
+        ```
+        """
         return on_root_for_every_rank(lambda: tf.train.latest_checkpoint(self.model_dir), ROOT_RANK)
 
     def export_model(self, path, checkpoint_path=None):
@@ -273,6 +375,32 @@ class Estimator:
 
         Raises:
             ValueError: On every rank, when there is no checkpoint or no input was seen yet.
+
+        Example:
+
+        ```python
+        import os, tempfile
+        import keras, numpy as np, tensorflow as tf
+        from kerasdist import estimator
+
+        def model_fn(features, labels, mode):
+            model = keras.Sequential([keras.layers.Dense(1)])
+            predictions = model(features)
+            if mode == estimator.ModeKeys.PREDICT:
+                return estimator.EstimatorSpec(mode, predictions={"y": predictions}, model=model)
+            loss = tf.reduce_mean(tf.square(predictions - labels))
+            return estimator.EstimatorSpec(mode, loss=loss, optimizer=keras.optimizers.SGD(0.1), model=model)
+
+        x, y = np.ones((64, 2), "float32"), np.full((64, 1), 3.0, "float32")
+
+        def input_fn():
+            return tf.data.Dataset.from_tensor_slices((x, y)).batch(8)
+
+        regressor = estimator.Estimator(model_fn)  # a temporary model_dir
+        regressor.train(lambda: input_fn().repeat(), steps=10)
+        path = regressor.export_model(os.path.join(tempfile.mkdtemp(), "regressor.keras"))
+        print(path.endswith("regressor.keras"))  # True
+        ```
         """
         path = os.fspath(path)
         on_root_for_every_rank(lambda: self._export_on_root(path, checkpoint_path), ROOT_RANK)

@@ -152,7 +152,21 @@ class LARC(WrappingOptimizer):
 
     def trust_ratios(self):
         """Returns `{variable.path: float}`: the ratio `λ` each adapted variable last used (1.0
-        until its first update, or when its `‖w‖` or `‖g‖` was 0). Read eagerly."""
+        until its first update, or when its `‖w‖` or `‖g‖` was 0). Read eagerly.
+
+        Example:
+
+        ```python
+        import keras, numpy as np
+        from kerasdist.optimizers import LARC
+        kernel = keras.Variable(np.full((2, 2), 3.0, "float32"), name="kernel")  # ‖w‖ = 6
+        bias = keras.Variable(np.zeros(2, "float32"), name="bias")  # ndim 1: excluded
+        larc = LARC(keras.optimizers.SGD(0.1), trust_coefficient=0.01, epsilon=0.0)
+        print(larc.trust_ratios())  # {}
+        larc.apply([np.full((2, 2), 0.5, "float32"), np.ones(2, "float32")], [kernel, bias])  # ‖g‖ = 1
+        print({path: round(ratio, 6) for path, ratio in larc.trust_ratios().items()})  # {'kernel': 0.06}
+        ```
+        """
         if not self.built:
             return {}
         return {

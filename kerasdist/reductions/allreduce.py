@@ -77,6 +77,18 @@ def reduce_gradients(grads, op=ops.Average, compression=ops.Compression.none, sp
     so communication overlaps the rest of the backward pass. `IndexedSlices` (embedding
     gradients) are gathered, not densified, unless `sparse_as_dense`. In a world of one this
     returns `grads` unchanged and adds no op to the graph.
+
+    Example:
+
+    ```python
+    import numpy as np, tensorflow as tf, kerasdist
+    from kerasdist.reductions import reduce_gradients
+    kerasdist.init()
+    mine = tf.constant([1.0, 2.0]) * (kerasdist.rank() + 1)  # rank r holds (r + 1) * [1, 2]
+    reduced = reduce_gradients([mine, None])
+    mean = (kerasdist.size() + 1) / 2
+    print(np.allclose(reduced[0], [mean, 2 * mean]), reduced[1])  # True None
+    ```
     """
     return _reduce(grads, op, compression, sparse_as_dense)[0]
 
