@@ -62,8 +62,8 @@ class HessianPowerIteration:
     Each product H v is the gradient of gᵀv, where g = ∇L is computed under a second gradient
     tape (double backprop). Measured here against forward-over-backward
     (`tf.autodiff.ForwardAccumulator`), both gave the same products; double backprop traced
-    in half the time (0.25 s against 0.46 s for a 270k-parameter MLP) and ran as fast or faster
-    (6.3 ms against 7.9 ms per product at batch 256; equal within noise for a small CNN).
+    in about half the time for a 270k-parameter MLP and ran as fast or faster per product
+    (equal within noise for a small CNN).
 
     Distributed: rank r holds n_r examples, and H = Σ_r (n_r/N) H_r with H_r the Hessian of its
     shard's mean loss. Each rank sends n_r·H_r v, n_r·vᵀH_r v and n_r in one grouped sum

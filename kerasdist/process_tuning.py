@@ -20,8 +20,8 @@ def keep_freed_memory():
     threshold that slides with the program's history, and serves blocks over another sliding
     threshold with a fresh mmap. A training step frees and reallocates the same buffers every
     step, and when the collectives' timing tips an arena over its threshold, each step pays for
-    zeroing and faulting those pages in again: 13-22 ms of system time in a 80 ms step of the
-    small CNN at 2 ranks on one host, where plain Keras paid 1 ms (docs/performance.md). Fixed
+    zeroing and faulting those pages in again: in the small CNN at 2 ranks on one host, many
+    times the system time plain Keras paid (docs/performance.md, "Memory between steps"). Fixed
     thresholds (blocks under 32 MiB from the heap, up to 64 MiB of its free top kept) end that.
     Left alone: a process whose MALLOC_*_ variables tune malloc, and a C library that is not glibc.
     """

@@ -124,12 +124,12 @@ def _reduce(grads, op, compression, sparse_as_dense, statistics=()):
 
 
 # KERASDIST_BUCKET_BYTES=auto: about this many buckets, within these sizes. Over a 50 Mbit/s link
-# ResNet-20's step fell from 441 ms (one bucket) to 311 ms with 8 buckets, 316-348 ms with 4 and
-# 393 ms with 2 (docs/network.md); the floor keeps tiny models from paying a negotiation per
+# ResNet-20's step was shortest with 8 buckets of those tried (1, 2, 4, 8; docs/network.md,
+# "Overlap"); the floor keeps tiny models from paying a negotiation per
 # few layers, the cap keeps the buckets of large models from waiting for too many layers.
 # With every rank on one CPU host, one bucket: shared memory leaves no transfer time to hide and
 # every CPU is busy with backprop, so each extra bucket's negotiation only takes CPU from it
-# (keras_scaling's E(2): 1.016 with one bucket, 0.707 with four; docs/performance.md).
+# (keras_scaling's E(2) was far lower with four buckets than with one).
 AUTO_BUCKETS = 8
 AUTO_BUCKET_BYTES_MIN, AUTO_BUCKET_BYTES_MAX = 64 * 2**10, 4 * 2**20
 
