@@ -212,7 +212,17 @@ class DistributedOptimizer(WrappingOptimizer):
     def scales_the_loss(self):
         """Whether the inner optimizer is a `keras.optimizers.LossScaleOptimizer` (one is added
         under the mixed_float16 policy): it then checks the reduced gradients, the same on every
-        rank, so every rank skips the same steps."""
+        rank, so every rank skips the same steps.
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        scaled = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.1))
+        print(kerasdist.DistributedOptimizer(scaled).scales_the_loss)  # True
+        print(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1)).scales_the_loss)  # False
+        ```
+        """
         return isinstance(self.inner_optimizer, keras.optimizers.LossScaleOptimizer)
 
     @property
@@ -221,7 +231,16 @@ class DistributedOptimizer(WrappingOptimizer):
 
     @property
     def compression(self):
-        """The reduction's wire format (`kerasdist.Compression.none` when it has none)."""
+        """The reduction's wire format (`kerasdist.Compression.none` when it has none).
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), compression=kerasdist.Compression.fp16)
+        print(optimizer.compression is kerasdist.Compression.fp16)  # True
+        ```
+        """
         return getattr(self.reduction, "compression", ops.Compression.none)
 
     @property
@@ -230,12 +249,30 @@ class DistributedOptimizer(WrappingOptimizer):
 
     @property
     def delay_gradients(self):
-        """Whether the reduction is `kerasdist.reductions.Delayed`."""
+        """Whether the reduction is `kerasdist.reductions.Delayed`.
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        delayed = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), reduction=kerasdist.reductions.Delayed())
+        print(delayed.delay_gradients, delayed.one_bit_gradients)  # True False
+        ```
+        """
         return isinstance(self.reduction, Delayed)
 
     @property
     def one_bit_gradients(self):
-        """Whether the reduction is `kerasdist.reductions.OneBit`."""
+        """Whether the reduction is `kerasdist.reductions.OneBit`.
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        one_bit = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), reduction=kerasdist.reductions.OneBit())
+        print(one_bit.one_bit_gradients, one_bit.delay_gradients)  # True False
+        ```
+        """
         return isinstance(self.reduction, OneBit)
 
     @_compat.no_automatic_dependency_tracking
@@ -341,7 +378,18 @@ class DistributedOptimizer(WrappingOptimizer):
 
     @property
     def backward_passes_per_step(self):
-        """Micro-batches per update; settable while training (see the class docstring)."""
+        """Micro-batches per update; settable while training (see the class docstring).
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=4)
+        print(optimizer.backward_passes_per_step)  # 4
+        optimizer.backward_passes_per_step = 2  # before the first step, or while training
+        print(optimizer.backward_passes_per_step)  # 2
+        ```
+        """
         if not self.built:
             return self._initial_backward_passes
         return int(self._backward_passes.numpy())

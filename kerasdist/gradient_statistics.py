@@ -138,7 +138,19 @@ class GradientNoiseScale:
 
     @property
     def updates(self):
-        """How many updates have been folded into the averages."""
+        """How many updates have been folded into the averages (0 before `build`).
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        noise = kerasdist.GradientNoiseScale(batch_size=32)
+        print(noise.updates)  # 0
+        noise.build(keras.optimizers.SGD(0.1))
+        noise.update(12.0, 6.0, big_over_small=4)
+        print(noise.updates)  # 1
+        ```
+        """
         return int(self._value("noise_updates")) if self.built else 0
 
     def gradient_sq_norm(self):

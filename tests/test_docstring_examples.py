@@ -49,7 +49,7 @@ def _examples():
                 objects += [
                     (f"{module_info.name}.{name}.{attr}", member)
                     for attr, member in vars(value).items()
-                    if not attr.startswith("_") and callable(member)
+                    if not attr.startswith("_") and (callable(member) or isinstance(member, property))
                 ]
         for qualified, value in objects:
             doc = inspect.getdoc(value) or ""

@@ -82,7 +82,17 @@ class RunConfig:
 
     @property
     def checkpoint_interval_secs(self):
-        """Seconds between time-based saves, or `None` when saves are counted in steps."""
+        """Seconds between time-based saves, or `None` when saves are counted in steps.
+
+        Example:
+
+        ```python
+        from kerasdist.estimator import RunConfig
+        print(RunConfig().checkpoint_interval_secs)  # 600
+        print(RunConfig(save_checkpoints_secs=60).checkpoint_interval_secs)  # 60
+        print(RunConfig(save_checkpoints_steps=100).checkpoint_interval_secs)  # None
+        ```
+        """
         if self.save_checkpoints_steps is not None:
             return None
         return self.save_checkpoints_secs or DEFAULT_SAVE_CHECKPOINTS_SECS

@@ -30,14 +30,8 @@ NOT_OURS = {
 # here) or leaves the pages.
 NO_EXAMPLE_YET = {
     "kerasdist.DistributedOptimizer.attach_gradient_noise_scale",
-    "kerasdist.DistributedOptimizer.backward_passes_per_step",
-    "kerasdist.DistributedOptimizer.compression",
-    "kerasdist.DistributedOptimizer.delay_gradients",
-    "kerasdist.DistributedOptimizer.one_bit_gradients",
-    "kerasdist.DistributedOptimizer.scales_the_loss",
     "kerasdist.batch_growth.AdaptiveBatchGrowth.effective_batch_size",
     "kerasdist.batch_growth.CurvatureSignal",
-    "kerasdist.batch_growth.GradientNoiseScale.updates",
     "kerasdist.batch_growth.GrowthSignal",
     "kerasdist.batch_growth.GrowthSignal.batch_grew",
     "kerasdist.batch_growth.GrowthSignal.measure",
@@ -47,7 +41,6 @@ NO_EXAMPLE_YET = {
     "kerasdist.batch_growth.NoiseScaleSignal",
     "kerasdist.callbacks.Rank0Checkpoint.latest",
     "kerasdist.data.tfds_load",
-    "kerasdist.estimator.RunConfig.checkpoint_interval_secs",
     "kerasdist.reductions.GradientReduction.build",
     "kerasdist.reductions.GradientReduction.get_config",
     "kerasdist.reductions.GradientReduction.per_rank_variables",
