@@ -92,6 +92,23 @@ def _text(text):
     return text
 
 
+# Signals a notice may come as: catchable, and not the launcher's stops (SIGINT, SIGTERM).
+NOTICE_SIGNALS = ("USR1", "USR2", "HUP", "ALRM", "XCPU")
+# What a job that stopped on notice exits with (EX_TEMPFAIL: "try again later"); the launcher
+# starts it again without counting a failure. The line the noticed rank prints names its host.
+NOTICE_EXIT_STATUS = 75
+NOTICE_LINE = "kerasdist: notice received on rank {rank}, host {host}"
+
+
+def _notice_signal(text):
+    value = text.upper().removeprefix("SIG")
+    if text.lower() == "off":
+        return "off"
+    if value not in NOTICE_SIGNALS:
+        raise ValueError(f"must be off or one of {', '.join(NOTICE_SIGNALS)} (with or without SIG)")
+    return value
+
+
 def _log_level_number(level):
     return str(LOG_LEVELS[level])
 
@@ -314,6 +331,17 @@ KNOBS = (
         "system and faulting it in again (unless MALLOC_*_ variables tune it); off: leave malloc alone",
         metavar="MODE",
         flag_to_text=str.lower,
+    ),
+    Knob(
+        "notice_signal",
+        "KERASDIST_NOTICE_SIGNAL",
+        "--notice-signal",
+        "USR1",
+        _notice_signal,
+        "the signal that gives a rank notice to leave (a preemption notice, scancel --signal): every rank "
+        "stops fit at the same step boundary, Rank0Checkpoint saves that step and the job exits with status "
+        f"{NOTICE_EXIT_STATUS}; kerasdist-run forwards it and restarts without the noticed host; off: not handled",
+        metavar="SIGNAL",
     ),
 )
 

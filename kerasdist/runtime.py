@@ -15,7 +15,7 @@ import sys
 import threading
 import warnings
 
-from kerasdist import exit_policy, op_library, process_tuning
+from kerasdist import exit_policy, notice, op_library, process_tuning
 from kerasdist.knobs import Knobs, engine_settings, unknown_variables_message
 
 # The number of ranks the job was planned with, when it runs on fewer (set by `kerasdist-run
@@ -159,6 +159,7 @@ def init():
         atexit.register(shutdown)
         if size > 1:
             exit_policy.install(MPI, shutdown, running_rank=lambda: None if _state is None else _state.rank)
+        notice.install(knobs.notice_signal, rank)  # after MPI's own handler, which swallowed it
 
 
 # Set by a launcher for each process it starts: (size variable, rank variable, the launcher, the fix).

@@ -19,6 +19,7 @@ def test_defaults_when_nothing_is_set():
     assert Knobs().stall_timeout_s == 1800.0 and Knobs().mismatch_timeout_s == 5.0
     assert Knobs().bucket_bytes == "auto"
     assert Knobs().malloc == "auto"
+    assert Knobs().notice_signal == "USR1"
 
 
 def test_values_are_read_from_the_environment():
@@ -38,6 +39,8 @@ def test_values_are_read_from_the_environment():
     assert (got.log_level, got.tf_threads, got.cache_capacity) == ("debug", "off", 8)
     assert got.bucket_bytes == 65536 and got.malloc == "off"
     assert Knobs.from_environment({"KERASDIST_BUCKET_BYTES": "AUTO"}).bucket_bytes == "auto"
+    assert Knobs.from_environment({"KERASDIST_NOTICE_SIGNAL": "sigusr2"}).notice_signal == "USR2"
+    assert Knobs.from_environment({"KERASDIST_NOTICE_SIGNAL": "OFF"}).notice_signal == "off"
 
 
 _BAD_VALUES = [
@@ -63,6 +66,8 @@ _BAD_VALUES = [
     ("KERASDIST_REPLICA_CHECK", "sometimes", "must be epoch, off or a whole number of steps between 1 and"),
     ("KERASDIST_REPLICA_CHECK", "0", "must be epoch, off or a whole number of steps between 1 and"),
     ("KERASDIST_REPLICA_CHECK", "2.5", "must be epoch, off or a whole number of steps between 1 and"),
+    ("KERASDIST_NOTICE_SIGNAL", "TERM", "must be off or one of USR1, USR2, HUP, ALRM, XCPU"),
+    ("KERASDIST_NOTICE_SIGNAL", "9", "must be off or one of USR1, USR2, HUP, ALRM, XCPU"),
 ]
 
 
@@ -90,6 +95,7 @@ def test_every_knob_has_a_flag_that_sets_its_variable_on_every_rank(knob, capsys
         "malloc": "off",
         "fusion_tuning": "off",
         "allreduce_algorithm": "ring",
+        "notice_signal": "USR2",
     }.get(knob.field, "7")
     status = launcher.main(
         ["-np", "2", "--dry-run", knob.flag, text, "python", "t.py"], environ={"KERASDIST_MPI_FLAVOUR": "mpich"}

@@ -21,6 +21,7 @@ LAYERS = [
             "kerasdist.op_library",
             "kerasdist.process_tuning",
             "kerasdist.exit_policy",
+            "kerasdist.notice",
             "kerasdist.devices",
             "kerasdist.knobs",
             "kerasdist._compat",

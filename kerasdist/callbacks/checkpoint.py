@@ -4,6 +4,7 @@ import collections
 import contextlib
 import io
 import json
+import math
 import os
 import signal
 import tempfile
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from kerasdist import _compat, runtime, training_state
 from kerasdist.coordination import on_root_for_every_rank
+from kerasdist.notice import notice_state
 
 # Names Rank0Checkpoint owns in its directory.
 STATE_FILENAME = "checkpoint_state.json"  # {"latest": file name, "kept": file names, oldest first}
@@ -27,10 +29,14 @@ METADATA_ENTRY = "kerasdist_checkpoint.json"  # inside each .keras archive: epoc
 PER_RANK_STATE_ENTRY = "kerasdist_per_rank_state.npy"
 PER_RANK_STATE_COLLECTIVE = "Rank0Checkpoint(resume=True): per-rank optimizer state"
 
-SavedCheckpoint = collections.namedtuple("SavedCheckpoint", ["path", "epoch", "monitor", "best"])
+SavedCheckpoint = collections.namedtuple(
+    "SavedCheckpoint", ["path", "epoch", "monitor", "best", "batches_of_all_ranks"], defaults=[0]
+)
 SavedCheckpoint.__doc__ = """A checkpoint on disk: its `path`, the number of epochs completed when it
-was saved (`epoch`, the `initial_epoch` to continue from), and the `best` value of `monitor`
-seen by then (`None` unless it was saved with `save_best_only=True`)."""
+was saved (`epoch`, the `initial_epoch` to continue from), the `best` value of `monitor`
+seen by then (`None` unless it was saved with `save_best_only=True`) and, for one saved in the
+middle of epoch `epoch` on notice, the batches of that epoch the ranks had trained on, added up
+over the ranks (`batches_of_all_ranks`; 0 for an epoch end)."""
 
 
 class Rank0Checkpoint(_compat.MonitorCallback):
@@ -54,6 +60,15 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     `monitor`, `mode` and `save_best_only` mean what they mean for `keras.callbacks.
     ModelCheckpoint`. List this callback after `kerasdist.callbacks.MetricAverage`, so that the
     logs it monitors are the global ones.
+
+    When every rank stopped `fit` on a notice to leave (`StopAgreement`,
+    `KERASDIST_NOTICE_SIGNAL`) in the middle of an epoch, this callback saves that step whatever
+    `save_best_only` says, as `filename` with `-batchN` before `.keras` (N: the batches of the epoch
+    each rank had done). Resuming from it, `fit` starts that epoch and passes over the batches
+    already trained on without training on them (it draws them from the data and drops them), so
+    the run goes on exactly where it stopped, also on another number of ranks when the data is
+    sharded by `kerasdist.data.shard` (the batches added up over the ranks divided by the ranks
+    now). That epoch's logs then cover only the batches trained after the resume.
 
     With `resume=True`, the constructor looks up the latest checkpoint in `directory` on
     `root_rank` and tells every rank its epoch (`initial_epoch`, 0 when there is none); at the
@@ -188,6 +203,7 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             self.best = latest.best
         self._restore_pending = latest is not None
         self._set_initial_epoch = False
+        self._batches_to_pass_over = _batches_to_pass_over(latest, world.size, root_rank == world.rank)
 
     @staticmethod
     def latest(directory):
@@ -260,7 +276,8 @@ class Rank0Checkpoint(_compat.MonitorCallback):
                     stacklevel=2,
                 )
         if self._is_root and self.verbose > 0:
-            _compat.print_msg(f"Rank0Checkpoint: resumed from {path} after epoch {self.initial_epoch}")
+            within = f", batch {self._batches_to_pass_over}" if self._batches_to_pass_over else ""
+            _compat.print_msg(f"Rank0Checkpoint: resumed from {path} after epoch {self.initial_epoch}{within}")
         _compat.set_initial_epoch(self.model, self.initial_epoch)
         self._set_initial_epoch = True
 
@@ -269,6 +286,29 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             _compat.set_initial_epoch(self.model, None)
             self._set_initial_epoch = False
 
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._batches_to_pass_over and epoch == self.initial_epoch:
+            self._pass_over_trained_batches(self._batches_to_pass_over)
+        self._batches_to_pass_over = 0
+
+    def _pass_over_trained_batches(self, batches):
+        """Makes the epoch's first `batches` steps draw their batches and drop them, untrained."""
+        train_function = self.model.train_function
+        per_call = self.model.steps_per_execution
+        left = [batches // per_call]
+        if not left[0]:
+            return
+
+        def pass_over(iterator):
+            for _ in range(per_call):
+                next(iterator)
+            left[0] -= 1
+            if left[0] == 0:
+                self.model.train_function = train_function
+            return self.model.get_metrics_result()
+
+        self.model.train_function = pass_over
+
     def on_epoch_end(self, epoch, logs=None):
         logs = logs or {}
         per_rank_rows = self._gather_per_rank_state()
@@ -276,7 +316,16 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         if self.save_best_only and self.monitor_op is None:
             self._set_monitor_op()
         name = _format_filename(self.filename, epoch, logs)
-        if not self._is_root or not self._should_save(epoch, logs, name):
+        on_notice = notice_state.taken_at is not None and notice_state.taken_at[0] == epoch
+        if on_notice:
+            notice_state.saved = True  # a notice's step is saved whatever save_best_only says
+            batches = notice_state.taken_at[1]
+            if batches < ((self.params or {}).get("steps") or math.inf):
+                if self._is_root:
+                    name = f"{name[: -len('.keras')]}-batch{batches}.keras"
+                    self._save(name, epoch, per_rank_rows, batches * runtime.state().size)
+                return
+        if not self._is_root or not (on_notice or self._should_save(epoch, logs, name)):
             return
         self._save(name, epoch + 1, per_rank_rows)
 
@@ -319,15 +368,16 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         self.best = float(current)
         return True
 
-    def _save(self, name, epochs_done, per_rank_rows=None):
+    def _save(self, name, epochs_done, per_rank_rows=None, batches_of_all_ranks=0):
         """Writes one checkpoint so that a crash at any point leaves the previous one usable."""
         with _sigterm_held_back():
-            self._write_checkpoint(name, epochs_done, per_rank_rows)
+            self._write_checkpoint(name, epochs_done, per_rank_rows, batches_of_all_ranks)
 
-    def _write_checkpoint(self, name, epochs_done, per_rank_rows):
+    def _write_checkpoint(self, name, epochs_done, per_rank_rows, batches_of_all_ranks):
         path = os.path.join(self.directory, name)
         metadata = {
             "epoch": epochs_done,
+            "batches_of_all_ranks": batches_of_all_ranks,
             "monitor": self.monitor,
             "best": self.best if self.save_best_only else None,
             "ranks": runtime.state().size,
@@ -355,6 +405,22 @@ class Rank0Checkpoint(_compat.MonitorCallback):
                 os.remove(os.path.join(self.directory, old))
             except FileNotFoundError:
                 pass
+
+
+def _batches_to_pass_over(latest, size, is_root):
+    """The batches each of `size` ranks passes over in the epoch resumed from `latest`."""
+    if latest is None or not latest.batches_of_all_ranks:
+        return 0
+    batches, left_over = divmod(latest.batches_of_all_ranks, size)
+    if left_over and is_root:
+        warnings.warn(
+            f"Rank0Checkpoint: {latest.path} was saved after {latest.batches_of_all_ranks} batches of epoch "
+            f"{latest.epoch + 1} on all ranks together, which {size} rank(s) cannot share evenly; each passes "
+            f"over {batches}. Shard the data with kerasdist.data.shard and restart on a number of ranks that "
+            "divides the planned one (kerasdist-run --min-np does) to resume exactly",
+            stacklevel=3,
+        )
+    return batches
 
 
 def _saved_per_rank_state(path, variables):
@@ -438,7 +504,9 @@ def _read_latest(directory):
                 if corrupt_entry is not None:
                     raise zipfile.BadZipFile(f"{corrupt_entry} fails its CRC check")
                 metadata = json.loads(archive.read(METADATA_ENTRY))
-            checkpoint = SavedCheckpoint(path, metadata["epoch"], metadata["monitor"], metadata["best"])
+            checkpoint = SavedCheckpoint(
+                path, metadata["epoch"], metadata["monitor"], metadata["best"], metadata.get("batches_of_all_ranks", 0)
+            )
         except FileNotFoundError:
             if name != latest:
                 continue  # an older one deleted by hand: nothing to fall back to there

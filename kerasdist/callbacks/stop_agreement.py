@@ -1,9 +1,13 @@
-"""Every rank stops `fit` where any rank stops it."""
+"""Every rank stops `fit` where any rank stops it, or where any rank was given notice to leave."""
+
+import socket
+import sys
 
 import keras
 import tensorflow as tf
 
-from kerasdist import _compat, ops, runtime
+from kerasdist import _compat, knobs, notice, ops, runtime
+from kerasdist.notice import notice_state
 
 # Hooks that run before Keras's per-batch check of `stop_training`: a callback that overrides one
 # of them may stop training at a batch, not only at an epoch end.
@@ -58,6 +62,18 @@ class StopAgreement(keras.callbacks.Callback):
     last, after the callbacks given as `extra`; callbacks listed before `kerasdist.callbacks()`
     run before it too.
 
+    **Leaving on notice.** While `fit` runs, the signal `KERASDIST_NOTICE_SIGNAL` names (SIGUSR1
+    unless set; `scancel --signal=USR1`, a spot instance's preemption agent, or `kerasdist-run`
+    passing on the one it got) gives the rank that receives it notice to leave. The per-batch
+    agreement then carries it (every batch is agreed on while the knob is not `off`), so every
+    rank sees the notice at the same batch end and stops there, at the first one that ends an
+    update (not inside a `backward_passes_per_step` window). `Rank0Checkpoint` then saves that
+    step, each noticed rank prints `kerasdist: notice received on rank R, host H` on stderr, and
+    `fit` ends the process with status 75 (`SystemExit`), which `kerasdist-run` restarts without
+    counting it as a failure and without host H. A notice that comes outside `fit` is said on
+    stderr at once and taken at the next `fit`'s first update; a loop of one's own must check
+    `kerasdist.notice.notice_state.received` itself.
+
     Example:
 
     ```python
@@ -73,6 +89,8 @@ class StopAgreement(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self._every_batch = True
+        self._notice_taken = False  # every rank agreed to stop on a notice
+        self._epoch = 0
 
     def set_model(self, model):
         super().set_model(model)
@@ -80,16 +98,57 @@ class StopAgreement(keras.callbacks.Callback):
         self._every_batch = callbacks is None or any(_may_stop_at_a_batch(callback) for callback in callbacks)
 
     def on_train_begin(self, logs=None):
+        self._notice_taken = False
+        notice_state.taken_at, notice_state.saved = None, False
+        if notice.install(runtime.state().knobs.notice_signal, runtime.state().rank):
+            self._every_batch = True  # a notice is taken at a batch end
+            notice_state.in_fit = True
         if runtime.state().size > 1:
             # Ranks may hold different callbacks (loggers on rank 0): all agree per batch if any must.
             self._every_batch = self._any_rank(self._every_batch, "kerasdist.stop_agreement_per_batch")
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
     def on_train_batch_end(self, batch, logs=None):
-        if self._every_batch:
-            self._agree()
+        if not self._every_batch:
+            return
+        stop, noticed = self._stop_or_notice_on_any_rank()
+        if stop:
+            self.model.stop_training = True
+        if noticed and not self._notice_taken and _at_an_update_boundary(self.model):
+            self.model.stop_training = True
+            self._notice_taken = True
+            notice_state.taken_at = (self._epoch, batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         self._agree()
+
+    def on_train_end(self, logs=None):
+        notice_state.in_fit = False
+        if not self._notice_taken:
+            return
+        world = runtime.state()
+        noticed_here, notice_state.received = notice_state.received, False
+        if noticed_here:
+            print(knobs.NOTICE_LINE.format(rank=world.rank, host=socket.gethostname()), file=sys.stderr, flush=True)
+        epoch, batches = notice_state.taken_at
+        saved = "; Rank0Checkpoint saved this step" if notice_state.saved else "; no Rank0Checkpoint saved it"
+        if world.rank == 0 or noticed_here:
+            print(
+                f"kerasdist: rank {world.rank}: every rank stopped on notice after batch {batches} of epoch "
+                f"{epoch + 1}{saved}; exiting with status {knobs.NOTICE_EXIT_STATUS}",
+                file=sys.stderr,
+                flush=True,
+            )
+        raise SystemExit(knobs.NOTICE_EXIT_STATUS)
+
+    def _stop_or_notice_on_any_rank(self):
+        flags = [1.0 if self.model.stop_training else 0.0, 1.0 if notice_state.received else 0.0]
+        if runtime.state().size > 1:
+            # Sum, not Max: a rank that has joined (uneven steps) can still take part in a Sum.
+            flags = ops.allreduce(tf.constant(flags), op=ops.Sum, name="kerasdist.stop_or_notice").numpy()
+        return flags[0] > 0, flags[1] > 0
 
     def _agree(self):
         if runtime.state().size > 1 and self._any_rank(self.model.stop_training, "kerasdist.stop_training"):
@@ -99,3 +158,10 @@ class StopAgreement(keras.callbacks.Callback):
     def _any_rank(flag, name):
         # Sum, not Max: a rank that has joined (uneven steps) can still take part in a Sum.
         return ops.allreduce(tf.constant(1.0 if flag else 0.0), op=ops.Sum, name=name).numpy() > 0
+
+
+def _at_an_update_boundary(model):
+    """True when no accumulation window is open: every rank's (they advance together) last
+    micro-batch ended an update, so stopping here loses no partial sum."""
+    micro_step = getattr(model.optimizer, "_micro_step", None)  # DistributedOptimizer's window position
+    return micro_step is None or int(micro_step.numpy()) == 0

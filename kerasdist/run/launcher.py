@@ -231,7 +231,9 @@ def make_parser():
         metavar="N",
         help="start the job again, up to N times, when it ends with a non-zero status (not after "
         "Ctrl-C or SIGTERM); each rank reads the attempt, 0 first, from KERASDIST_RESTART. With "
-        "Rank0Checkpoint(resume=True) training continues from the last complete checkpoint",
+        "Rank0Checkpoint(resume=True) training continues from the last complete checkpoint. A job that "
+        f"stopped on notice (status {knobs.NOTICE_EXIT_STATUS}: a rank got KERASDIST_NOTICE_SIGNAL, which the "
+        "launcher passes on) starts again without counting as a failure, under --min-np without the noticed host",
     )
     parser.add_argument(
         "--min-np",
@@ -355,8 +357,12 @@ def installed_tensorflow():
     return None
 
 
-def run_forwarding_signals(argv, job_output=None):
+def run_forwarding_signals(argv, job_output=None, notice_signal=None, noticed=None):
     """Runs ``argv``, forwarding SIGINT and SIGTERM to it; returns a shell-style exit status.
+
+    ``notice_signal`` (a signal number, or None) is forwarded too, as a notice to leave and not
+    a stop: mpiexec passes it on to every rank, and the status is the job's own. ``noticed``, a
+    list, then gets it when the launcher itself received it.
 
     128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
     then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
@@ -372,20 +378,25 @@ def run_forwarding_signals(argv, job_output=None):
     interrupted_at = []  # time.monotonic() of the first SIGINT
 
     def forward(signum, _frame):
-        received.append(signum)
+        if signum == notice_signal:
+            if noticed is not None:
+                noticed.append(signum)
+        else:
+            received.append(signum)
         if signum == signal.SIGINT and not interrupted_at:
             interrupted_at.append(time.monotonic())
         if child is not None:
             child.send_signal(signum)
 
     # Handlers go in before the child starts so that no signal falls between the two.
-    previous = {signum: signal.signal(signum, forward) for signum in FORWARDED_SIGNALS}
+    forwarded = FORWARDED_SIGNALS + ((notice_signal,) if notice_signal else ())
+    previous = {signum: signal.signal(signum, forward) for signum in forwarded}
     piped = subprocess.PIPE if job_output else None
     try:
         child = subprocess.Popen(argv, stdout=piped, stderr=piped)
         if job_output:
             job_output.start(child.stdout.fileno(), child.stderr.fileno())
-        for signum in received:
+        for signum in received + (noticed or []):
             child.send_signal(signum)
         never = threading.Event()
         rank_ended_job, reader_gone = (
@@ -520,33 +531,37 @@ def _stop_with_signal_status(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-def _placement_stopping_on_signals(args, environ, probe_command):
+def _placement_stopping_on_signals(args, environ, probe_command, leaving=()):
     """`_placement`, ended by Ctrl-C or SIGTERM with their status (a stop, as during a job),
     after the probes it started are stopped."""
     previous = {signum: signal.signal(signum, _stop_with_signal_status) for signum in FORWARDED_SIGNALS}
     try:
-        return _placement(args, environ, probe_command)
+        return _placement(args, environ, probe_command, leaving)
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 
 
-def _placement(args, environ, probe_command):
+def _placement(args, environ, probe_command, leaving=()):
     """(ranks, -H text) for the next attempt of a --min-np job, saying on stderr which hosts are
     left out and how many planned ranks each rank stands in for. Without ``probe_command``, -H
-    hosts are taken as available.
+    hosts are taken as available. Hosts named in ``leaving`` (given notice) are left out unprobed.
 
     Raises:
         mpi.LaunchError: the discovery program fails, or no number of ranks fits (the message
             names the numbers).
     """
-    missing = {}
+    missing = {name: "it was given notice to leave" for name in sorted(leaving)}
     if args.host_discovery_script:
         available = hosts.discover_hosts(args.host_discovery_script, environ)
-    elif probe_command is None:
-        available = hosts.parse_host_list(args.hosts)
+        available = [host for host in available if host.name not in leaving]
     else:
-        available, missing = hosts.probe_hosts(hosts.parse_host_list(args.hosts), probe_command)
+        given = [host for host in hosts.parse_host_list(args.hosts) if host.name not in leaving]
+        if probe_command is None:
+            available = given
+        else:
+            available, unanswered = hosts.probe_hosts(given, probe_command)
+            missing.update(unanswered)
     for name, reason in missing.items():
         print(f"{PROG}: host {name} is unavailable ({reason}); leaving it out", file=sys.stderr, flush=True)
     planned = args.num_processes
@@ -560,6 +575,34 @@ def _placement(args, environ, probe_command):
             flush=True,
         )
     return ranks, placed
+
+
+def _restart_after_notice(args, notice_name, noticed_launcher, job_output, leaving):
+    """After the job stopped on notice (status `knobs.NOTICE_EXIT_STATUS`): says so on stderr and
+    whether it starts again, adding the hosts given notice to ``leaving`` under --min-np. A notice
+    to the launcher itself means its host leaves: nothing starts again there."""
+    noticed = sorted(job_output.noticed_hosts) if job_output else []
+    where = f" (notice on {', '.join(noticed)})" if noticed else ""
+    stopped = f"{PROG}: the job stopped on notice (SIG{notice_name}){where} at a step boundary"
+    if noticed_launcher or not args.restarts:
+        why = f"{PROG} itself was given notice" if noticed_launcher else "no --restarts"
+        print(
+            f"{stopped}; not starting it again ({why}): run the same command to resume from its checkpoint",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    without = ""
+    if args.min_np:
+        leaving.update(noticed)
+        without = f" without {', '.join(noticed)}" if noticed else " (no rank named its host: none is left out)"
+    print(
+        f"{stopped}; starting it again{without}, from the checkpoint of that step (a notice does not count "
+        "against --restarts)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
 
 
 def _interface_address(name):
@@ -751,12 +794,16 @@ def _launch(argv, environ, run_version):
                 file=sys.stderr,
             )
             return 1
+    notice_name = knobs.Knobs.from_environment(environment).notice_signal
+    notice_signal = None if notice_name == "off" else getattr(signal, f"SIG{notice_name}")
     status = 1  # what a refusal to start reports, until an attempt has run
-    for attempt in range(args.restarts + 1):
+    failures, attempt, leaving = 0, -1, set()
+    while True:
+        attempt += 1
         ranks, host_list = args.num_processes, args.hosts
         if args.min_np:
             try:
-                ranks, host_list = _placement_stopping_on_signals(args, environ, probe_command)
+                ranks, host_list = _placement_stopping_on_signals(args, environ, probe_command, leaving)
             except mpi.LaunchError as error:
                 again = " again" if attempt else ""
                 print(f"{PROG}: error: {error}; not starting the job{again}", file=sys.stderr, flush=True)
@@ -767,15 +814,21 @@ def _launch(argv, environ, run_version):
         job_output = (
             output.JobOutput(stdout, stderr, rank_tag, prepend_rank=args.prepend_rank) if passes_output_on else None
         )
+        noticed_launcher = []
         try:
-            status = run_forwarding_signals(launch, job_output)
+            status = run_forwarding_signals(launch, job_output, notice_signal, noticed_launcher)
         except OSError as error:
             print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
             return 127
-        if status == 0 or status in STOP_STATUSES or attempt == args.restarts:
+        if status == knobs.NOTICE_EXIT_STATUS and notice_signal:
+            if not _restart_after_notice(args, notice_name, noticed_launcher, job_output, leaving):
+                return status
+            continue
+        if status == 0 or status in STOP_STATUSES or failures == args.restarts:
             return status
+        failures += 1
         print(
-            f"{PROG}: the job ended with status {status}; starting it again (restart {attempt + 1} of {args.restarts})",
+            f"{PROG}: the job ended with status {status}; starting it again (restart {failures} of {args.restarts})",
             file=sys.stderr,
             flush=True,
         )

@@ -24,6 +24,8 @@ import select
 import threading
 import time
 
+from kerasdist import knobs
+
 # A line's start waits this long for its end, then goes out as it is (a prompt). The rest of a
 # line mpiexec read in pieces comes at once, but a loaded host can hold mpiexec back for a moment
 # (Open MPI stopped forwarding for over 0.5 s under 16 MB/s of long lines). A progress bar redrawn
@@ -32,6 +34,13 @@ PARTIAL_LINE_WAIT_S = 2.0
 # What the engine writes (watchdog.cc's EndJob) when a rank ends the job on purpose: a collective
 # made no progress for KERASDIST_COLLECTIVE_TIMEOUT_S, so a rank or a link is gone.
 RANK_ENDS_JOB = b"so that the launcher ends the job"
+# What a rank given notice to leave says (knobs.NOTICE_LINE), with its host as group 1.
+NOTICE_LINE = re.compile(
+    re.escape(knobs.NOTICE_LINE.format(rank="RANK", host="HOST"))
+    .replace("RANK", r"\d+")
+    .replace("HOST", r"(\S+)")
+    .encode()
+)
 READ_SIZE = 65536
 
 # absl's log-line header is "Immdd hh:mm:ss.micros thread file:line] "; the time and thread differ
@@ -83,6 +92,7 @@ class JobStream:
         prepend_rank: start each line of a rank with ``[rank] ``.
         startup_notices_once: leave out each TensorFlow start-up notice already passed on.
         rank_ended_job: a ``threading.Event`` set when a line says a rank ends the job.
+        noticed_hosts: a set that gets the host of each line saying a rank was given notice to leave.
         reader_gone: a ``threading.Event`` set when ``destination`` is a pipe whose reader has
             gone; what follows is read and dropped.
 
@@ -109,8 +119,10 @@ class JobStream:
         startup_notices_once=False,
         rank_ended_job=None,
         reader_gone=None,
+        noticed_hosts=None,
     ):
         self._destination = destination
+        self._noticed_hosts = noticed_hosts
         self._rank_tag = rank_tag
         self._prepend_rank = prepend_rank
         self._notices_seen = set() if startup_notices_once else None
@@ -210,6 +222,10 @@ class JobStream:
         text = line[:-1]
         if self._rank_ended_job is not None and RANK_ENDS_JOB in text:
             self._rank_ended_job.set()
+        if self._noticed_hosts is not None:
+            noticed = NOTICE_LINE.search(text)
+            if noticed:
+                self._noticed_hosts.add(noticed.group(1).decode(errors="replace"))
         if self._notices_seen is not None and self._unfinished != rank:
             key = startup_notice_key(text)
             if key in self._notices_seen:
@@ -273,11 +289,13 @@ class JobOutput:
 
     ``rank_ended_job`` is set when a line on stderr says a rank ends the job; ``reader_gone``
     when the reader of the launcher's stdout or stderr has gone (``kerasdist-run ... | head``).
+    ``noticed_hosts`` holds the hosts whose ranks said on stderr that they were given notice to leave.
     """
 
     def __init__(self, stdout, stderr, rank_tag=None, prepend_rank=False):
         self.rank_ended_job = threading.Event()
         self.reader_gone = threading.Event()
+        self.noticed_hosts = set()
         self._streams = (
             JobStream(stdout, rank_tag, prepend_rank, reader_gone=self.reader_gone),
             JobStream(
@@ -287,6 +305,7 @@ class JobOutput:
                 startup_notices_once=True,
                 rank_ended_job=self.rank_ended_job,
                 reader_gone=self.reader_gone,
+                noticed_hosts=self.noticed_hosts,
             ),
         )
         self._threads = []

@@ -57,7 +57,11 @@ Adasum = _NotOffered(
     "use op=hvd.Average; for large global batches, kerasdist.optimizers.LARS or LAMB adapt the step per layer",
 )
 _NOT_OFFERED = {
-    "elastic": _NotOffered("elastic training", "kerasdist-run --restarts relaunches a failed job from its checkpoint"),
+    "elastic": _NotOffered(
+        "elastic training",
+        "kerasdist-run --restarts N --min-np M restarts a failed job, or one a host left on notice "
+        "(KERASDIST_NOTICE_SIGNAL), on the hosts left, from its Rank0Checkpoint(resume=True)",
+    ),
     "ProcessSet": _NotOffered("process sets", "kerasdist's collectives always span all ranks of the job"),
     "add_process_set": _NotOffered("process sets", "kerasdist's collectives always span all ranks of the job"),
     "remove_process_set": _NotOffered("process sets", "kerasdist's collectives always span all ranks of the job"),
