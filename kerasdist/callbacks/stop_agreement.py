@@ -53,7 +53,8 @@ class StopAgreement(keras.callbacks.Callback):
     this callback sums every rank's flag in one scalar allreduce and sets `stop_training` on
     every rank if any rank set it, so all ranks end `fit` at the same batch of the same epoch.
 
-    The per-batch allreduce runs only when a callback of the `fit` (on any rank) could stop at a
+    The per-batch allreduce (two flags) runs at every batch while notices are handled (below);
+    with `KERASDIST_NOTICE_SIGNAL=off`, only when a callback of the `fit` (on any rank) could stop at a
     batch: one that overrides a batch hook, `on_epoch_begin` or `on_train_begin` and is not one
     of Keras's loggers and savers, `EarlyStopping` (it stops at epoch ends), `ReduceLROnPlateau`,
     `LearningRateScheduler`, or kerasdist's own. Otherwise only epoch ends are agreed on.
@@ -62,7 +63,7 @@ class StopAgreement(keras.callbacks.Callback):
     last, after the callbacks given as `extra`; callbacks listed before `kerasdist.callbacks()`
     run before it too.
 
-    **Leaving on notice.** While `fit` runs, the signal `KERASDIST_NOTICE_SIGNAL` names (SIGUSR1
+    **Leaving on notice.** From `init()` on, the signal `KERASDIST_NOTICE_SIGNAL` names (SIGUSR1
     unless set; `scancel --signal=USR1`, a spot instance's preemption agent, or `kerasdist-run`
     passing on the one it got) gives the rank that receives it notice to leave. The per-batch
     agreement then carries it (every batch is agreed on while the knob is not `off`), so every
@@ -70,7 +71,7 @@ class StopAgreement(keras.callbacks.Callback):
     update (not inside a `backward_passes_per_step` window). `Rank0Checkpoint` then saves that
     step, each noticed rank prints `kerasdist: notice received on rank R, host H` on stderr, and
     `fit` ends the process with status 75 (`SystemExit`), which `kerasdist-run` restarts without
-    counting it as a failure and without host H. A notice that comes outside `fit` is said on
+    counting it as a failure (under `--min-np`, without host H). A notice that comes outside `fit` is said on
     stderr at once and taken at the next `fit`'s first update; a loop of one's own must check
     `kerasdist.notice.notice_state.received` itself.
 
