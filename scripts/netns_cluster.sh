@@ -358,6 +358,17 @@ cluster_id() {
     echo "$id"
 }
 
+# For run's traps: end the command run started (if it has, which $! tells: it differs from
+# $2, $! before the command), then exit with $1.
+stop_command_then_exit() {
+    local status=$1 before_command=$2
+    if [[ ${!:-} != "$before_command" ]]; then
+        kill -TERM "$!" 2>/dev/null
+        wait "$!" || true
+    fi
+    exit "$status"
+}
+
 run() {
     local child status
     CURRENT_ID=""
@@ -371,11 +382,14 @@ run() {
     source "$CLUSTER_DIR/env"
     set +a
     # In the background so that a signal reaches this shell's traps at once; the command gets
-    # SIGTERM (a background command ignores SIGINT), and the cluster goes after it.
+    # SIGTERM (a background command ignores SIGINT), and the cluster goes after it. The traps
+    # go in before the command starts, and find it by $!, which bash sets before any trap can
+    # run: a signal in between would otherwise tear the cluster down under a command left running.
+    local before_command=${!:-}
+    trap 'stop_command_then_exit 130 "$before_command"' INT
+    trap 'stop_command_then_exit 143 "$before_command"' TERM
     "${REST[@]}" &
     child=$!
-    trap 'kill -TERM $child 2>/dev/null; wait $child || true; exit 130' INT
-    trap 'kill -TERM $child 2>/dev/null; wait $child || true; exit 143' TERM
     status=0
     wait $child || status=$?
     exit "$status"
