@@ -245,6 +245,16 @@ def make_parser():
         f"the global batch stays NP's. Every rank finds NP in {runtime.PLANNED_SIZE_VARIABLE}",
     )
     parser.add_argument(
+        "--discovery-interval",
+        type=_non_negative_int,
+        default=30,
+        metavar="S",
+        help="with --min-np, while the job runs fewer ranks than planned: look for hosts every S seconds "
+        "(the discovery program, or -H probes); when more ranks fit, stop the job at the next step "
+        "boundary with a checkpoint (the notice signal, KERASDIST_NOTICE_SIGNAL) and start it again at "
+        "the larger size, not counting against --restarts. 0: never. Default 30",
+    )
+    parser.add_argument(
         "--dry-run",
         action="store_true",
         help="print the mpiexec command and exit (with --min-np, -H hosts are not probed)",
@@ -357,12 +367,14 @@ def installed_tensorflow():
     return None
 
 
-def run_forwarding_signals(argv, job_output=None, notice_signal=None, noticed=None):
+def run_forwarding_signals(argv, job_output=None, notice_signal=None, noticed=None, wants_to_grow=None):
     """Runs ``argv``, forwarding SIGINT and SIGTERM to it; returns a shell-style exit status.
 
     ``notice_signal`` (a signal number, or None) is forwarded too, as a notice to leave and not
     a stop: mpiexec passes it on to every rank, and the status is the job's own. ``noticed``, a
-    list, then gets it when the launcher itself received it.
+    list, then gets it when the launcher itself received it. ``wants_to_grow``, a callable the
+    wait calls every half second, may return True once: the job is then sent ``notice_signal``
+    (so that it stops at a step boundary with a checkpoint, to start again at a larger size).
 
     128 + N when the launcher was sent signal N (mpiexecs exit with codes of their own choosing
     then: hydra 15 after SIGTERM, 255 after SIGINT), or when the child died of signal N;
@@ -402,7 +414,9 @@ def run_forwarding_signals(argv, job_output=None, notice_signal=None, noticed=No
         rank_ended_job, reader_gone = (
             (job_output.rank_ended_job, job_output.reader_gone) if job_output else (never, never)
         )
-        returncode = _wait_unless_a_rank_ended_the_job(child, rank_ended_job, reader_gone, interrupted_at)
+        returncode = _wait_unless_a_rank_ended_the_job(
+            child, rank_ended_job, reader_gone, interrupted_at, notice_signal, wants_to_grow
+        )
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
@@ -417,7 +431,9 @@ def run_forwarding_signals(argv, job_output=None, notice_signal=None, noticed=No
     return returncode
 
 
-def _wait_unless_a_rank_ended_the_job(child, rank_ended_job, reader_gone, interrupted_at):
+def _wait_unless_a_rank_ended_the_job(
+    child, rank_ended_job, reader_gone, interrupted_at, notice_signal=None, wants_to_grow=None
+):
     terminated = False
     while True:
         try:
@@ -425,6 +441,9 @@ def _wait_unless_a_rank_ended_the_job(child, rank_ended_job, reader_gone, interr
         except subprocess.TimeoutExpired:
             if rank_ended_job.is_set():
                 break
+            if wants_to_grow is not None and notice_signal and not terminated and wants_to_grow():
+                child.send_signal(notice_signal)
+                wants_to_grow = None
             interrupt_is_over = interrupted_at and time.monotonic() - interrupted_at[0] >= INTERRUPT_GRACE_S
             if (interrupt_is_over or reader_gone.is_set()) and not terminated:
                 child.terminate()
@@ -551,17 +570,7 @@ def _placement(args, environ, probe_command, leaving=()):
         mpi.LaunchError: the discovery program fails, or no number of ranks fits (the message
             names the numbers).
     """
-    missing = {name: "it was given notice to leave" for name in sorted(leaving)}
-    if args.host_discovery_script:
-        available = hosts.discover_hosts(args.host_discovery_script, environ)
-        available = [host for host in available if host.name not in leaving]
-    else:
-        given = [host for host in hosts.parse_host_list(args.hosts) if host.name not in leaving]
-        if probe_command is None:
-            available = given
-        else:
-            available, unanswered = hosts.probe_hosts(given, probe_command)
-            missing.update(unanswered)
+    available, missing = _available_hosts(args, environ, probe_command, leaving)
     for name, reason in missing.items():
         print(f"{PROG}: host {name} is unavailable ({reason}); leaving it out", file=sys.stderr, flush=True)
     planned = args.num_processes
@@ -575,6 +584,55 @@ def _placement(args, environ, probe_command, leaving=()):
             flush=True,
         )
     return ranks, placed
+
+
+def _growth_check(args, environ, probe_command, leaving, ranks, growing):
+    """For a --min-np job running ``ranks`` of its planned ranks: a callable that, every
+    --discovery-interval seconds, finds the hosts available and returns True (saying why on
+    stderr, and appending True to ``growing``) when more ranks fit than run; None when the job
+    cannot grow."""
+    if not args.discovery_interval or ranks >= args.num_processes:
+        return None
+    next_look = [time.monotonic() + args.discovery_interval]
+
+    def wants_to_grow():
+        if time.monotonic() < next_look[0]:
+            return False
+        try:
+            available, _ = _available_hosts(args, environ, probe_command, leaving)
+            more = hosts.choose_ranks(args.num_processes, sum(host.slots for host in available), args.min_np)
+        except mpi.LaunchError:
+            more = 0
+        next_look[0] = time.monotonic() + args.discovery_interval
+        if more <= ranks:
+            return False
+        print(
+            f"{PROG}: {more} of the planned {args.num_processes} ranks fit now, on "
+            f"{hosts.host_list_text(hosts.place(available, more))}; the job runs {ranks}: asking it to stop at "
+            "the next step boundary with a checkpoint, to start it again at the larger size",
+            file=sys.stderr,
+            flush=True,
+        )
+        growing.append(True)
+        return True
+
+    return wants_to_grow
+
+
+def _available_hosts(args, environ, probe_command, leaving):
+    """(hosts available now, {host left out: why}) for a --min-np job."""
+    missing = {name: "it was given notice to leave" for name in sorted(leaving)}
+    if args.host_discovery_script:
+        available = hosts.discover_hosts(args.host_discovery_script, environ)
+        available = [host for host in available if host.name not in leaving]
+    else:
+        given = [host for host in hosts.parse_host_list(args.hosts) if host.name not in leaving]
+        if probe_command is None:
+            available = given
+        else:
+            available, unanswered = hosts.probe_hosts(given, probe_command)
+            missing.update(unanswered)
+    return available, missing
 
 
 def _restart_after_notice(args, notice_name, noticed_launcher, job_output, leaving):
@@ -815,11 +873,21 @@ def _launch(argv, environ, run_version):
             output.JobOutput(stdout, stderr, rank_tag, prepend_rank=args.prepend_rank) if passes_output_on else None
         )
         noticed_launcher = []
+        growing = []  # gets True once the job is asked to stop so as to grow
+        wants_to_grow = _growth_check(args, environ, probe_command, leaving, ranks, growing) if args.min_np else None
         try:
-            status = run_forwarding_signals(launch, job_output, notice_signal, noticed_launcher)
+            status = run_forwarding_signals(launch, job_output, notice_signal, noticed_launcher, wants_to_grow)
         except OSError as error:
             print(f"{PROG}: error: cannot run {mpiexec}: {error}", file=sys.stderr)
             return 127
+        if status == knobs.NOTICE_EXIT_STATUS and notice_signal and growing and not noticed_launcher:
+            print(
+                f"{PROG}: the job stopped at a step boundary to grow; starting it again, from the checkpoint of "
+                "that step (this does not count against --restarts)",
+                file=sys.stderr,
+                flush=True,
+            )
+            continue
         if status == knobs.NOTICE_EXIT_STATUS and notice_signal:
             if not _restart_after_notice(args, notice_name, noticed_launcher, job_output, leaving):
                 return status

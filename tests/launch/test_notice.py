@@ -85,6 +85,37 @@ def test_a_notice_under_min_np_restarts_without_the_noticed_host_on_the_planned_
     assert float(job.lines_with("MAX_DIFFERENCE=")[0]) < 1e-5, job.describe()
 
 
+def test_a_job_below_its_planned_size_grows_at_a_step_boundary_when_hosts_come_and_ends_on_the_planned_weights(
+    tmp_path,
+):
+    """Shrunk first (the discovery offers 1 slot of the planned 2), then grown back: the launcher
+    finds 2 slots while the job trains, it stops at a step boundary with a checkpoint and starts
+    again at 2 ranks, ending where an uninterrupted run at the planned size does."""
+    offered = tmp_path / "second-slot"
+    discover = tmp_path / "find-hosts"
+    discover.write_text(f"#!/bin/sh\nif [ -e {offered} ]; then echo localhost:2; else echo localhost:1; fi\n")
+    discover.chmod(0o755)
+    job = run_job(
+        [*LAUNCHER, "-np", "2", "--restarts", "1", "--min-np", "1", "--discovery-interval", "1"]
+        + ["--host-discovery-script", discover, SCRIPT, tmp_path / "checkpoints", "-1", offered],
+        tmp_path,
+        timeout=JOB_TIMEOUT_S,
+        script_name=SCRIPT.name,
+    )
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    assert "starting 1 of the planned 2 ranks on localhost:1" in job.output, job.describe()
+    assert "2 of the planned 2 ranks fit now, on localhost:2; the job runs 1" in job.output, job.describe()
+    assert "the job stopped at a step boundary to grow" in job.output, job.describe()
+    first, *second = sorted(job.lines_with("ATTEMPT="))
+    assert first == "0 SIZE=1 RESUMED_FROM=0/0", job.describe()
+    # Both ranks of the second attempt resume at the same step, where the first one stopped
+    # (in epoch 2, the slow one, unless the machine was slow enough to reach its end first).
+    assert len(second) == 2 and second[0] == second[1], job.describe()
+    assert second[0].startswith(("1 SIZE=2 RESUMED_FROM=2/", "1 SIZE=2 RESUMED_FROM=3/")), job.describe()
+    assert job.lines_with("ITERATIONS=") == [str(UPDATES)], job.describe()
+    assert float(job.lines_with("MAX_DIFFERENCE=")[0]) < 1e-5, job.describe()
+
+
 NOTICE_THEN_EXIT_75 = (
     "import signal, sys, time; got = []; signal.signal(signal.SIGUSR1, lambda *_: got.append(1)); "
     "print('READY', flush=True); deadline = time.time() + 60\n"

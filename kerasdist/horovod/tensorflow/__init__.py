@@ -60,7 +60,8 @@ _NOT_OFFERED = {
     "elastic": _NotOffered(
         "elastic training",
         "kerasdist-run --restarts N --min-np M restarts a failed job, or one a host left on notice "
-        "(KERASDIST_NOTICE_SIGNAL), on the hosts left, from its Rank0Checkpoint(resume=True)",
+        "(KERASDIST_NOTICE_SIGNAL), on the hosts left, and at the larger size when hosts come back "
+        "(--discovery-interval), from its Rank0Checkpoint(resume=True)",
     ),
     "ProcessSet": _NotOffered("process sets", "kerasdist's collectives always span all ranks of the job"),
     "add_process_set": _NotOffered("process sets", "kerasdist's collectives always span all ranks of the job"),

@@ -3,6 +3,9 @@ given notice to leave in the middle of an epoch.
 
     notice_training.py DIR RANK  on the first attempt, rank RANK sends itself the notice signal
                                  (SIGUSR1) at the end of batch 1 of epoch 2 (-1: never)
+    notice_training.py DIR -1 PATH  on the first attempt, rank 0 creates PATH when epoch 2 begins
+                                 and batches from then on take 0.3 s, so that a test can offer
+                                 more hosts while the job trains
 
 Each rank prints STARTED_AT=<time.time() once kerasdist is up>, ATTEMPT=<attempt> SIZE=<ranks>
 RESUMED_FROM=<epoch>/<batch> and, on the first attempt, BATCH_END=<rank> <epoch> <batch> after
@@ -24,6 +27,7 @@ import kerasdist as kd
 kd.init()
 print(f"STARTED_AT={time.time():.3f}", flush=True)
 directory, noticed_rank = sys.argv[1], int(sys.argv[2])
+grow_signal_path = sys.argv[3] if len(sys.argv) > 3 else None
 attempt = int(os.environ.get("KERASDIST_RESTART", "0"))
 EPOCHS, PER_RANK_BATCH, NOTICE_EPOCH, UPDATES_PER_EPOCH = 4, 4, 2, 6
 GLOBAL_BATCH = PER_RANK_BATCH * kd.planned_size()
@@ -32,10 +36,14 @@ GLOBAL_BATCH = PER_RANK_BATCH * kd.planned_size()
 class Notice(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        if attempt == 0 and grow_signal_path and epoch == NOTICE_EPOCH and kd.rank() == 0:
+            open(grow_signal_path, "w").close()
 
     def on_train_batch_end(self, batch, logs=None):
         if attempt == 0:
             print(f"BATCH_END={kd.rank()} {self._epoch} {batch}", flush=True)
+            if grow_signal_path and self._epoch >= NOTICE_EPOCH:
+                time.sleep(0.3)
             if kd.rank() == noticed_rank and self._epoch == NOTICE_EPOCH and batch == 1:
                 print(f"NOTICE_AT={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGUSR1)
