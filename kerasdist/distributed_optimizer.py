@@ -33,6 +33,21 @@ def _squared_norm(grads):
     )
 
 
+class _NoticeFlags:
+    """A notice to leave, carried by the gradients' own allreduce: `here` is this rank's (1.0 once
+    `StopAgreement` saw the notice signal, set between steps), `agreed` its average over the
+    ranks at the last update (above 0 when any rank has one). Every rank reads the same `agreed`
+    after the same update, so all stop there, without a collective of their own per batch.
+
+    Plain `tf.Variable`s outside the optimizer's variables: not saved, not broadcast, not checked
+    by the replica check (`here` differs between ranks by design)."""
+
+    def __init__(self):
+        with tf.init_scope():  # the optimizer may be made inside a traced function
+            self.here = tf.Variable(0.0, trainable=False, name="notice_here")
+            self.agreed = tf.Variable(0.0, trainable=False, name="notice_agreed")
+
+
 @keras.saving.register_keras_serializable(package="kerasdist")
 class DistributedOptimizer(WrappingOptimizer):
     """Wraps any Keras 3 optimizer so that gradients are averaged across ranks before each update.
@@ -156,6 +171,10 @@ class DistributedOptimizer(WrappingOptimizer):
         self._held_rows = None  # with k > 1, each variable's embedding-gradient rows of the window
         self._micro_batch_sq_norms = None
         self._gradient_layouts = None
+        # A notice to leave rides in the gradients' allreduce (see _NoticeFlags) when the
+        # reduction is the plain one, which takes riders; otherwise StopAgreement asks every batch.
+        notices_ride = runtime.state().knobs.notice_signal != "off" and type(self.reduction) is Allreduce
+        self._notice_flags = _NoticeFlags() if notices_ride else None
         self.gradient_noise_scale = None
         if gradient_noise_scale is not None:
             self.attach_gradient_noise_scale(gradient_noise_scale)
@@ -472,18 +491,22 @@ class DistributedOptimizer(WrappingOptimizer):
             with tf.control_dependencies(self._same_weights_at_the_first_update(trainable_variables)):
                 self.inner_optimizer.apply(reduced, variables)
 
-        noise = self.gradient_noise_scale
-        if noise is None:
+        noise, notice = self.gradient_noise_scale, self._notice_flags
+        if noise is None and notice is None:
             self.reduction.reduce_and_apply(grads, variables, self.op, apply)
             return
-        if micro_batch_sq_norm is None:
-            micro_batch_sq_norm = _squared_norm(grads)
-        reduced, (mean_micro_batch_sq_norm,) = self.reduction.reduce_with_statistics(
-            grads, self.op, [micro_batch_sq_norm]
-        )
-        # The micro-batches this update holds on all ranks, whatever the planned ranks.
-        all_micro_batches = runtime.state().size * micro_batches
-        noise.update(mean_micro_batch_sq_norm, _squared_norm(reduced), big_over_small=all_micro_batches)
+        riders = []
+        if noise is not None:
+            riders.append(_squared_norm(grads) if micro_batch_sq_norm is None else micro_batch_sq_norm)
+        if notice is not None:
+            riders.append(notice.here.read_value())
+        reduced, reduced_riders = self.reduction.reduce_with_statistics(grads, self.op, riders)
+        if notice is not None:
+            notice.agreed.assign(reduced_riders.pop())
+        if noise is not None:
+            # The micro-batches this update holds on all ranks, whatever the planned ranks.
+            all_micro_batches = runtime.state().size * micro_batches
+            noise.update(reduced_riders[0], _squared_norm(reduced), big_over_small=all_micro_batches)
         apply(reduced)
 
     def _same_weights_at_the_first_update(self, variables):

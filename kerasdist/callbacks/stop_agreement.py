@@ -53,8 +53,7 @@ class StopAgreement(keras.callbacks.Callback):
     this callback sums every rank's flag in one scalar allreduce and sets `stop_training` on
     every rank if any rank set it, so all ranks end `fit` at the same batch of the same epoch.
 
-    The per-batch allreduce (two flags) runs at every batch while notices are handled (below);
-    with `KERASDIST_NOTICE_SIGNAL=off`, only when a callback of the `fit` (on any rank) could stop at a
+    The per-batch allreduce runs only when a callback of the `fit` (on any rank) could stop at a
     batch: one that overrides a batch hook, `on_epoch_begin` or `on_train_begin` and is not one
     of Keras's loggers and savers, `EarlyStopping` (it stops at epoch ends), `ReduceLROnPlateau`,
     `LearningRateScheduler`, or kerasdist's own. Otherwise only epoch ends are agreed on.
@@ -65,8 +64,10 @@ class StopAgreement(keras.callbacks.Callback):
 
     **Leaving on notice.** From `init()` on, the signal `KERASDIST_NOTICE_SIGNAL` names (SIGUSR1
     unless set; `scancel --signal=USR1`, a spot instance's preemption agent, or `kerasdist-run`
-    passing on the one it got) gives the rank that receives it notice to leave. The per-batch
-    agreement then carries it (every batch is agreed on while the knob is not `off`), so every
+    passing on the one it got) gives the rank that receives it notice to leave. The gradients'
+    own allreduce carries it to every rank (one number more in its last bucket), or the
+    per-batch allreduce above when it runs; when the model's optimizer is not a
+    `DistributedOptimizer` with the default reduction, that one runs at every batch. So every
     rank sees the notice at the same batch end and stops there, at the first one that ends an
     update (not inside a `backward_passes_per_step` window). `Rank0Checkpoint` then saves that
     step, each noticed rank prints `kerasdist: notice received on rank R, host H` on stderr, and
@@ -91,6 +92,7 @@ class StopAgreement(keras.callbacks.Callback):
         super().__init__()
         self._every_batch = True
         self._notice_taken = False  # every rank agreed to stop on a notice
+        self._notice_flags = None  # the optimizer's, when notices ride in its gradients' allreduce
         self._epoch = 0
 
     def set_model(self, model):
@@ -101,9 +103,15 @@ class StopAgreement(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         self._notice_taken = False
         notice_state.taken_at, notice_state.saved = None, False
+        self._notice_flags = None
         if notice.install(runtime.state().knobs.notice_signal, runtime.state().rank):
-            self._every_batch = True  # a notice is taken at a batch end
             notice_state.in_fit = True
+            self._notice_flags = getattr(self.model.optimizer, "_notice_flags", None)
+            if self._notice_flags is None:
+                self._every_batch = True  # a notice is taken at a batch end: ask every batch
+            else:
+                self._notice_flags.here.assign(1.0 if notice_state.received else 0.0)
+                self._notice_flags.agreed.assign(0.0)
         if runtime.state().size > 1:
             # Ranks may hold different callbacks (loggers on rank 0): all agree per batch if any must.
             self._every_batch = self._any_rank(self._every_batch, "kerasdist.stop_agreement_per_batch")
@@ -112,11 +120,16 @@ class StopAgreement(keras.callbacks.Callback):
         self._epoch = epoch
 
     def on_train_batch_end(self, batch, logs=None):
-        if not self._every_batch:
+        if self._every_batch:
+            stop, noticed = self._stop_or_notice_on_any_rank()
+            if stop:
+                self.model.stop_training = True
+        elif self._notice_flags is not None:
+            noticed = float(self._notice_flags.agreed.numpy()) > 0
+            if notice_state.received:
+                self._notice_flags.here.assign(1.0)  # the next update tells every rank
+        else:
             return
-        stop, noticed = self._stop_or_notice_on_any_rank()
-        if stop:
-            self.model.stop_training = True
         if noticed and not self._notice_taken and _at_an_update_boundary(self.model):
             self.model.stop_training = True
             self._notice_taken = True

@@ -9,6 +9,8 @@ The stopping point comes from where the test sends the signal and the accumulati
 import json
 import os
 import signal
+import threading
+import time
 import zipfile
 
 import keras
@@ -83,3 +85,47 @@ def test_a_notice_inside_a_window_stops_every_rank_at_its_end_and_the_resume_is_
     assert int(resumed.optimizer.iterations.numpy()) == int(uninterrupted.optimizer.iterations.numpy())
     for got, expected in zip(resumed.get_weights(), uninterrupted.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+def _per_batch_agreements(monkeypatch):
+    """Counts the per-batch stop-or-notice allreduces (a list that grows by one per call)."""
+    calls, allreduce = [], kd.ops.allreduce
+
+    def counting(tensor, *args, name=None, **kwargs):
+        if name == "kerasdist.stop_or_notice":
+            calls.append(name)
+        return allreduce(tensor, *args, name=name, **kwargs)
+
+    monkeypatch.setattr(kd.ops, "allreduce", counting)
+    return calls
+
+
+def test_a_notice_before_fit_stops_every_rank_after_the_first_update_with_no_collective_of_its_own(monkeypatch):
+    agreements = _per_batch_agreements(monkeypatch)
+    model = _model()
+    if RANK == LAST_RANK:
+        os.kill(os.getpid(), signal.SIGUSR1)  # outside fit: taken at the next fit's first update
+    with pytest.raises(SystemExit) as stopped:
+        _fit(model, kd.callbacks())
+    assert stopped.value.code == 75
+    assert kd.allgather_object(int(model.optimizer.iterations.numpy())) == [1] * SIZE
+    assert agreements == []  # the gradients' allreduce carried the notice
+
+
+def test_a_notice_at_any_moment_stops_every_rank_at_the_same_update(monkeypatch):
+    agreements = _per_batch_agreements(monkeypatch)
+    model = _model()
+
+    def notice_once_two_updates_are_done():
+        while int(model.optimizer.iterations.numpy()) < 2:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    if RANK == LAST_RANK:  # a thread: no callback of the test's own, which would ask every batch
+        threading.Thread(target=notice_once_two_updates_are_done, daemon=True).start()
+    with pytest.raises(SystemExit) as stopped:
+        _fit(model, kd.callbacks())
+    assert stopped.value.code == 75
+    updates = kd.allgather_object(int(model.optimizer.iterations.numpy()))
+    assert updates == [updates[0]] * SIZE and 2 <= updates[0] < EPOCHS * STEPS // MICRO_BATCHES, updates
+    assert agreements == []
