@@ -99,25 +99,108 @@ class GradientReduction:
             variables: the variables they are gradients of: a subset of those `build` saw, in
                 an order that is the same on every rank.
             op: `kerasdist.Average` or `kerasdist.Sum`, how ranks combine.
+
+        Example:
+
+        The average across ranks, halved.
+
+        ```python
+        import keras, numpy as np, tensorflow as tf, kerasdist
+
+        class Halved(kerasdist.reductions.GradientReduction):
+            def reduce(self, gradients, variables, op):
+                return [g / 2 for g in kerasdist.grouped_allreduce(gradients, op=op)]
+
+        kerasdist.init()
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(1.0), reduction=Halved())
+        w = keras.Variable(np.zeros(2, np.float32))
+        optimizer.apply([tf.constant([2.0, 4.0])], [w])  # the same gradient on every rank
+        print(w.numpy().tolist())  # [-1.0, -2.0]
+        ```
         """
         raise NotImplementedError(f"{type(self).__name__} must implement reduce(gradients, variables, op)")
 
     def reduce_and_apply(self, gradients, variables, op, apply):
         """Calls `apply(reduced)` with the result of `reduce`. A method that decides when an update
-        applies anything (as `Delayed` does at its first) overrides this instead."""
+        applies anything (as `Delayed` does at its first) overrides this instead.
+
+        Example:
+
+        A reduction that applies every second update only.
+
+        ```python
+        import keras, numpy as np, tensorflow as tf, kerasdist
+
+        class EveryOther(kerasdist.reductions.Allreduce):
+            def build(self, optimizer, variables):
+                self.calls = optimizer.add_variable(shape=(), dtype="int32", name="every_other_calls")
+
+            def reduce_and_apply(self, gradients, variables, op, apply):
+                reduced = self.reduce(gradients, variables, op)
+                self.calls.assign_add(1)
+                if self.calls % 2 == 0:
+                    apply(reduced)
+
+        kerasdist.init()
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(1.0), reduction=EveryOther())
+        w = keras.Variable(np.zeros(1, np.float32))
+        for _ in range(3):
+            optimizer.apply([tf.constant([1.0])], [w])
+        print(w.numpy().tolist())  # [-1.0]
+        ```
+        """
         apply(self.reduce(gradients, variables, op))
 
     def per_rank_variables(self):
-        """The state variables whose values differ between ranks (default: none)."""
+        """The state variables whose values differ between ranks (default: none).
+
+        Example:
+
+        `OneBit` keeps each rank's rounding error, its own.
+
+        ```python
+        import keras, kerasdist
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), reduction=kerasdist.reductions.OneBit())
+        optimizer.build([keras.Variable([1.0, 2.0], name="w")])
+        print(len(optimizer.reduction.per_rank_variables()))  # 1
+        print(kerasdist.reductions.Allreduce().per_rank_variables())  # []
+        ```
+        """
         return []
 
     def slots(self, states, variables):
-        """Of `states`, one made in `build` for each variable `build` saw, those of `variables`."""
+        """Of `states`, one made in `build` for each variable `build` saw, those of `variables`.
+
+        Example:
+
+        An update may hold gradients for some variables only: `slots` picks their states.
+
+        ```python
+        import keras, kerasdist
+
+        class Remembers(kerasdist.reductions.Allreduce):
+            def build(self, optimizer, variables):
+                self.last = [optimizer.add_variable_from_reference(v, name="last") for v in variables]
+
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), reduction=Remembers())
+        a, b = keras.Variable([1.0], name="a"), keras.Variable([2.0, 3.0], name="b")
+        optimizer.build([a, b])
+        print([tuple(s.shape) for s in optimizer.reduction.slots(optimizer.reduction.last, [b])])  # [(2,)]
+        ```
+        """
         return [states[self._position_of(variable)] for variable in variables]
 
     def get_config(self):
         """The constructor's arguments, for saving in a `.keras` file (register the class with
-        `keras.saving.register_keras_serializable` so that loading finds it)."""
+        `keras.saving.register_keras_serializable` so that loading finds it).
+
+        Example:
+
+        ```python
+        import kerasdist
+        print(kerasdist.reductions.Allreduce(compression=kerasdist.Compression.fp16).get_config())  # {'compression': 'fp16', 'sparse_as_dense': False}
+        ```
+        """
         return {}
 
     @classmethod

@@ -42,11 +42,6 @@ NO_EXAMPLE_YET = {
     "kerasdist.callbacks.Rank0Checkpoint.latest",
     "kerasdist.data.tfds_load",
     "kerasdist.reductions.GradientReduction.build",
-    "kerasdist.reductions.GradientReduction.get_config",
-    "kerasdist.reductions.GradientReduction.per_rank_variables",
-    "kerasdist.reductions.GradientReduction.reduce",
-    "kerasdist.reductions.GradientReduction.reduce_and_apply",
-    "kerasdist.reductions.GradientReduction.slots",
     "kerasdist.shutdown",
 }
 
