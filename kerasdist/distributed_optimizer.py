@@ -180,7 +180,23 @@ class DistributedOptimizer(WrappingOptimizer):
             self.attach_gradient_noise_scale(gradient_noise_scale)
 
     def attach_gradient_noise_scale(self, gradient_noise_scale):
-        """Feeds a `kerasdist.GradientNoiseScale` from every update (before the first step only)."""
+        """Feeds a `kerasdist.GradientNoiseScale` from every update (before the first step only).
+
+        Example:
+
+        ```python
+        import keras, kerasdist
+        kerasdist.init()
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1))
+        optimizer.attach_gradient_noise_scale(kerasdist.GradientNoiseScale(batch_size=32))
+        print(optimizer.gradient_noise_scale.batch_size)  # 32
+        summed = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), op=kerasdist.Sum)
+        try:
+            summed.attach_gradient_noise_scale(kerasdist.GradientNoiseScale())
+        except ValueError as error:
+            print(error)  # the gradient noise scale needs op=kerasdist.Average
+        ```
+        """
         if not isinstance(gradient_noise_scale, GradientNoiseScale):
             raise TypeError(f"gradient_noise_scale={gradient_noise_scale!r}; expected a kerasdist.GradientNoiseScale")
         if self._op_name != "average":

@@ -212,6 +212,21 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         Reads the directory directly (no collective): call it where the directory is visible.
         A damaged latest checkpoint gives way, with a warning, to the newest intact one.
         Raises `FileNotFoundError` when the record names a latest checkpoint deleted since.
+
+        Example:
+
+        ```python
+        import keras, numpy as np, tempfile, kerasdist
+        kerasdist.init()
+        directory = kerasdist.broadcast_object(tempfile.mkdtemp() if kerasdist.rank() == 0 else None)
+        print(kerasdist.callbacks.Rank0Checkpoint.latest(directory))  # None
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01)), loss="mse")
+        saver = kerasdist.callbacks.Rank0Checkpoint(directory)
+        model.fit(np.ones((8, 3)), np.ones((8, 1)), epochs=2, verbose=0, callbacks=[saver, *kerasdist.callbacks()])
+        latest = kerasdist.callbacks.Rank0Checkpoint.latest(directory)
+        print(latest.epoch, latest.batches_of_all_ranks)  # 2 0
+        ```
         """
         return _read_latest(os.fspath(directory))[0]
 

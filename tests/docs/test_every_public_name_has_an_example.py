@@ -29,7 +29,6 @@ NOT_OURS = {
 # may only shrink: test_the_backlog_only_shrinks fails once one of them has an example (delete it
 # here) or leaves the pages.
 NO_EXAMPLE_YET = {
-    "kerasdist.DistributedOptimizer.attach_gradient_noise_scale",
     "kerasdist.batch_growth.AdaptiveBatchGrowth.effective_batch_size",
     "kerasdist.batch_growth.CurvatureSignal",
     "kerasdist.batch_growth.GrowthSignal",
@@ -39,7 +38,6 @@ NO_EXAMPLE_YET = {
     "kerasdist.batch_growth.GrowthSignal.wants_more_batch",
     "kerasdist.batch_growth.HessianEigenpair",
     "kerasdist.batch_growth.NoiseScaleSignal",
-    "kerasdist.callbacks.Rank0Checkpoint.latest",
     "kerasdist.data.tfds_load",
     "kerasdist.reductions.GradientReduction.build",
     "kerasdist.shutdown",
