@@ -68,7 +68,10 @@ class Rank0Checkpoint(_compat.MonitorCallback):
     already trained on without training on them (it draws them from the data and drops them), so
     the run goes on exactly where it stopped, also on another number of ranks when the data is
     sharded by `kerasdist.data.shard` (the batches added up over the ranks divided by the ranks
-    now). That epoch's logs then cover only the batches trained after the resume.
+    now). That epoch's logs then cover only the batches trained after the resume. An epoch that a
+    callback stops at a batch (`stop_training`: a time budget before a requeue, `TerminateOnNaN`)
+    is saved the same way, unless `save_best_only` (its logs cover part of an epoch): never as a
+    whole epoch, which a resume would skip the rest of.
 
     With `resume=True`, the constructor looks up the latest checkpoint in `directory` on
     `root_rank` and tells every rank its epoch (`initial_epoch`, 0 when there is none); at the
@@ -204,6 +207,7 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         self._restore_pending = latest is not None
         self._set_initial_epoch = False
         self._batches_to_pass_over = _batches_to_pass_over(latest, world.size, root_rank == world.rank)
+        self._batches_done = 0  # of the current epoch
 
     @staticmethod
     def latest(directory):
@@ -302,9 +306,13 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             self._set_initial_epoch = False
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._batches_done = 0
         if self._batches_to_pass_over and epoch == self.initial_epoch:
             self._pass_over_trained_batches(self._batches_to_pass_over)
         self._batches_to_pass_over = 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches_done = batch + 1  # counting from the epoch's start, batches passed over too
 
     def _pass_over_trained_batches(self, batches):
         """Makes the epoch's first `batches` steps draw their batches and drop them, untrained."""
@@ -332,14 +340,17 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             self._set_monitor_op()
         name = _format_filename(self.filename, epoch, logs)
         on_notice = notice_state.taken_at is not None and notice_state.taken_at[0] == epoch
+        batches = notice_state.taken_at[1] if on_notice else self._batches_done
+        # Stopped inside the epoch (a notice, or a callback that set stop_training at a batch):
+        # saved as such, so that a resume trains the rest of the epoch instead of taking it as done.
+        cut = (on_notice or self.model.stop_training) and batches < ((self.params or {}).get("steps") or math.inf)
         if on_notice:
             notice_state.saved = True  # a notice's step is saved whatever save_best_only says
-            batches = notice_state.taken_at[1]
-            if batches < ((self.params or {}).get("steps") or math.inf):
-                if self._is_root:
-                    name = f"{name[: -len('.keras')]}-batch{batches}.keras"
-                    self._save(name, epoch, per_rank_rows, batches * runtime.state().size)
-                return
+        if cut:
+            if self._is_root and (on_notice or not self.save_best_only):
+                name = f"{name[: -len('.keras')]}-batch{batches}.keras"
+                self._save(name, epoch, per_rank_rows, batches * runtime.state().size)
+            return
         if not self._is_root or not (on_notice or self._should_save(epoch, logs, name)):
             return
         self._save(name, epoch + 1, per_rank_rows)
