@@ -198,7 +198,8 @@ class GradientReduction:
 
         ```python
         import kerasdist
-        print(kerasdist.reductions.Allreduce(compression=kerasdist.Compression.fp16).get_config())  # {'compression': 'fp16', 'sparse_as_dense': False}
+        reduction = kerasdist.reductions.Allreduce(compression=kerasdist.Compression.fp16)
+        print(reduction.get_config())  # {'compression': 'fp16', 'sparse_as_dense': False}
         ```
         """
         return {}
