@@ -420,10 +420,8 @@ def grouped_allreduce(
     op = _check_reduce_op(op, _OpKind.ALLREDUCE, name)
     _check_dtypes("allreduce", _OpKind.ALLREDUCE, name, tensors, _REDUCIBLE_DTYPES)
     compressions = _compression_of_each(compression, len(tensors), name)
-    if op == Sum and any(t.dtype in (tf.int8, tf.uint8) for t in tensors):
-        # 8-bit sums travel as int32 and wrap here, as NumPy's do: Open MPI 4.1's vectorised
-        # MPI_SUM saturates int8 (100 + 100 gave 127) where MPICH's wraps.
-        widened = [tf.cast(t, tf.int32) if t.dtype in (tf.int8, tf.uint8) else t for t in tensors]
+    if op == Sum and any(t.dtype in _SUMMED_AS_INT32 for t in tensors):
+        widened = [tf.cast(t, tf.int32) if t.dtype in _SUMMED_AS_INT32 else t for t in tensors]
         summed = _submit_allreduce(widened, op, name, prescale_factor, postscale_factor, compressions)
         return [tf.cast(out, t.dtype) if out.dtype != t.dtype else out for out, t in zip(summed, tensors)]
     integers = [i for i, t in enumerate(tensors) if t.dtype.is_integer] if op == Average else []
@@ -454,6 +452,9 @@ def grouped_allreduce(
 
 
 _COMPRESSIONS = (Compression.none, Compression.fp16, Compression.bf16)
+# 8-bit sums travel as int32 and wrap in grouped_allreduce, as NumPy's do: Open MPI 4.1's
+# vectorised MPI_SUM saturates int8 (100 + 100 gave 127) where MPICH's wraps.
+_SUMMED_AS_INT32 = (tf.int8, tf.uint8)
 
 
 def _compression_of_each(compression, count, name):
