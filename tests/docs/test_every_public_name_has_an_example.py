@@ -30,14 +30,7 @@ NOT_OURS = {
 # here) or leaves the pages.
 NO_EXAMPLE_YET = {
     "kerasdist.batch_growth.AdaptiveBatchGrowth.effective_batch_size",
-    "kerasdist.batch_growth.CurvatureSignal",
-    "kerasdist.batch_growth.GrowthSignal",
-    "kerasdist.batch_growth.GrowthSignal.batch_grew",
-    "kerasdist.batch_growth.GrowthSignal.measure",
-    "kerasdist.batch_growth.GrowthSignal.set_model",
-    "kerasdist.batch_growth.GrowthSignal.wants_more_batch",
     "kerasdist.batch_growth.HessianEigenpair",
-    "kerasdist.batch_growth.NoiseScaleSignal",
     "kerasdist.data.tfds_load",
     "kerasdist.reductions.GradientReduction.build",
     "kerasdist.shutdown",
