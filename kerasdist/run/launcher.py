@@ -550,7 +550,7 @@ def _stop_with_signal_status(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-def _placement_stopping_on_signals(args, environ, probe_command, leaving=()):
+def _placement_stopping_on_signals(args, environ, probe_command, leaving=None):
     """`_placement`, ended by Ctrl-C or SIGTERM with their status (a stop, as during a job),
     after the probes it started are stopped."""
     previous = {signum: signal.signal(signum, _stop_with_signal_status) for signum in FORWARDED_SIGNALS}
@@ -561,16 +561,17 @@ def _placement_stopping_on_signals(args, environ, probe_command, leaving=()):
             signal.signal(signum, handler)
 
 
-def _placement(args, environ, probe_command, leaving=()):
+def _placement(args, environ, probe_command, leaving=None):
     """(ranks, -H text) for the next attempt of a --min-np job, saying on stderr which hosts are
     left out and how many planned ranks each rank stands in for. Without ``probe_command``, -H
-    hosts are taken as available. Hosts named in ``leaving`` (given notice) are left out unprobed.
+    hosts are taken as available. Hosts named in ``leaving`` (given notice) are left out while
+    they are still there (`_available_hosts`).
 
     Raises:
         mpi.LaunchError: the discovery program fails, or no number of ranks fits (the message
             names the numbers).
     """
-    available, missing = _available_hosts(args, environ, probe_command, leaving)
+    available, missing = _available_hosts(args, environ, probe_command, set() if leaving is None else leaving)
     for name, reason in missing.items():
         print(f"{PROG}: host {name} is unavailable ({reason}); leaving it out", file=sys.stderr, flush=True)
     planned = args.num_processes
@@ -620,19 +621,20 @@ def _growth_check(args, environ, probe_command, leaving, ranks, growing):
 
 
 def _available_hosts(args, environ, probe_command, leaving):
-    """(hosts available now, {host left out: why}) for a --min-np job."""
-    missing = {name: "it was given notice to leave" for name in sorted(leaving)}
+    """(hosts available now, {host left out: why}) for a --min-np job.
+
+    A host given notice (in ``leaving``) stays out while it is still there, as it is about to go;
+    once a look finds it gone (not listed, or no answer to the probe) it is forgotten from
+    ``leaving``, so that it is used again when it comes back, as any host that returns."""
     if args.host_discovery_script:
-        available = hosts.discover_hosts(args.host_discovery_script, environ)
-        available = [host for host in available if host.name not in leaving]
+        found, missing = hosts.discover_hosts(args.host_discovery_script, environ), {}
+    elif probe_command is None:
+        found, missing = hosts.parse_host_list(args.hosts), {}
     else:
-        given = [host for host in hosts.parse_host_list(args.hosts) if host.name not in leaving]
-        if probe_command is None:
-            available = given
-        else:
-            available, unanswered = hosts.probe_hosts(given, probe_command)
-            missing.update(unanswered)
-    return available, missing
+        found, missing = hosts.probe_hosts(hosts.parse_host_list(args.hosts), probe_command)
+    leaving.intersection_update(host.name for host in found)
+    missing.update({name: "it was given notice to leave and is still there" for name in sorted(leaving)})
+    return [host for host in found if host.name not in leaving], missing
 
 
 def _restart_after_notice(args, notice_name, noticed_launcher, job_output, leaving):

@@ -141,4 +141,25 @@ def test_the_launcher_passes_its_notice_on_and_reports_it_without_calling_it_a_s
 def test_hosts_given_notice_are_left_out_of_the_next_placement(capsys):
     args = SimpleNamespace(host_discovery_script=None, hosts="a:2,b:2", num_processes=4, min_np=1)
     assert launcher._placement(args, {}, None, leaving={"b"}) == (2, "a:2")
-    assert "host b is unavailable (it was given notice to leave); leaving it out" in capsys.readouterr().err
+    assert "host b is unavailable (it was given notice to leave and is still there); leaving it out" in (
+        capsys.readouterr().err
+    )
+
+
+def test_a_host_given_notice_is_used_again_once_a_look_has_found_it_gone(tmp_path):
+    """A noticed host still listed is about to go and stays out; once it has gone, it is an
+    ordinary host again, used when it comes back (a preempted node that is given back)."""
+    listing = tmp_path / "hosts"
+    discover = tmp_path / "find-hosts"
+    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
+    discover.chmod(0o755)
+    args = SimpleNamespace(host_discovery_script=str(discover), hosts=None, num_processes=4, min_np=2)
+    leaving = {"b"}
+    listing.write_text("a:2\nb:2\n")
+    assert launcher._placement(args, {}, None, leaving) == (2, "a:2")
+    assert leaving == {"b"}
+    listing.write_text("a:2\n")
+    assert launcher._placement(args, {}, None, leaving) == (2, "a:2")
+    assert leaving == set()
+    listing.write_text("a:2\nb:2\n")
+    assert launcher._placement(args, {}, None, leaving) == (4, "a:2,b:2")
