@@ -66,6 +66,7 @@ _EXPORTS = {
     "default_callbacks": "kerasdist.callbacks",
     "GradientNoiseScale": "kerasdist.gradient_statistics",
     "check_replicas": "kerasdist.replicas",
+    "notice_received": "kerasdist.coordination",
     "ReplicaDivergenceError": "kerasdist.replicas",
     "SyncBatchNormalization": "kerasdist.layers",
 }

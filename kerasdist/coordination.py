@@ -4,6 +4,7 @@
   the outcome, and an error there is raised on every rank instead of leaving the others waiting.
 - `metric_states_summed_over_ranks`: metrics hold the sum of their state over ranks, the state
   one process that had seen every rank's batches would hold.
+- `notice_received`: whether any rank was given notice to leave, for a loop of one's own.
 
 Equal step counts are agreed in `kerasdist.data.check_equal_steps`; what every rank must share
 of a model is listed in `kerasdist.training_state`.
@@ -11,10 +12,13 @@ of a model is listed in `kerasdist.training_state`.
 
 import builtins
 import contextlib
+import socket
+import sys
 
 import tensorflow as tf
 
-from kerasdist import ops, runtime
+from kerasdist import knobs, ops, runtime
+from kerasdist.notice import notice_state
 
 
 def on_root_for_every_rank(function, root_rank, name=None):
@@ -72,3 +76,44 @@ def metric_states_summed_over_ranks(metrics):
     finally:
         for variable, own in zip(variables, own_values):
             variable.assign(own)
+
+
+def notice_received():
+    """Whether any rank was given notice to leave: the same answer on every rank, for a training
+    loop of your own (`fit` with `kerasdist.callbacks()` checks for you).
+
+    A collective, as `allreduce` is: every rank calls it at the same point of its loop, e.g. after
+    each update. Once it returns True (and on every later call), save a checkpoint on rank 0 and
+    end every rank with status 75 (`raise SystemExit(75)`): `kerasdist-run --restarts N` starts
+    the job again without counting a failure and, under `--min-np`, without the host given notice,
+    which a rank given notice names on stderr the first time this returns True.
+
+    Returns:
+        bool: True when the notice signal (`KERASDIST_NOTICE_SIGNAL`, SIGUSR1 unless set) reached
+        any rank since `kerasdist.init()`.
+
+    Example:
+
+    ```python
+    import kerasdist
+    kerasdist.init()
+    print(kerasdist.notice_received())  # False
+    for step in range(3):
+        ...  # one update of your training step
+        if kerasdist.notice_received():  # every rank, after each update
+            if kerasdist.rank() == 0:
+                model.save(f"checkpoints/step{step}.keras")
+            raise SystemExit(75)
+    ```
+    """
+    world = runtime.state()
+    noticed_here = notice_state.received
+    anywhere = noticed_here
+    if world.size > 1:
+        # Sum, not Max: a rank that has joined (uneven steps) can still take part in a Sum.
+        flag = tf.constant(1.0 if noticed_here else 0.0)
+        anywhere = bool(ops.allreduce(flag, op=ops.Sum, name="kerasdist.notice_received").numpy() > 0)
+    if noticed_here and not notice_state.announced:
+        notice_state.announced = True
+        print(knobs.NOTICE_LINE.format(rank=world.rank, host=socket.gethostname()), file=sys.stderr, flush=True)
+    return anywhere

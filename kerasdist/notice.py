@@ -3,7 +3,8 @@ names, caught from `init()` on, so that `StopAgreement` can stop `fit` at a step
 
 MPICH installs a SIGUSR1 handler of its own from C, which swallowed the signal: a rank given
 notice went on as if nothing had come. From `init()` on, the signal sets `notice_state.received`
-instead, and one that comes outside `fit` is said on stderr at once. Standard library only.
+instead, and one that comes outside `fit` is said on stderr at once. `kerasdist.notice_received`
+is the check for a training loop of one's own.
 """
 
 import os
@@ -22,6 +23,7 @@ class _NoticeState:
         self.in_fit = False
         self.taken_at = None  # (epoch, batches of it done) once every rank agreed to stop on a notice
         self.saved = False  # Rank0Checkpoint saved that step
+        self.announced = False  # notice_received said so on stderr (the line kerasdist-run reads)
 
 
 notice_state = _NoticeState()
@@ -48,5 +50,5 @@ def _on_notice(signum, frame):
             2,
             f"kerasdist: rank {notice_state.rank} got the notice signal {signal.Signals(signum).name} outside "
             "fit: the next fit with kerasdist.callbacks() stops at its first update's end; a loop of your own "
-            "must check kerasdist.notice.notice_state.received itself\n".encode(),
+            "must call kerasdist.notice_received()\n".encode(),
         )

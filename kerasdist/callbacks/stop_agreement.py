@@ -73,8 +73,8 @@ class StopAgreement(keras.callbacks.Callback):
     step, each noticed rank prints `kerasdist: notice received on rank R, host H` on stderr, and
     `fit` ends the process with status 75 (`SystemExit`), which `kerasdist-run` restarts without
     counting it as a failure (under `--min-np`, without host H). A notice that comes outside `fit` is said on
-    stderr at once and taken at the next `fit`'s first update; a loop of one's own must check
-    `kerasdist.notice.notice_state.received` itself.
+    stderr at once and taken at the next `fit`'s first update; a loop of one's own asks
+    `kerasdist.notice_received()`.
 
     Example:
 

@@ -129,3 +129,20 @@ def test_a_notice_at_any_moment_stops_every_rank_at_the_same_update(monkeypatch)
     updates = kd.allgather_object(int(model.optimizer.iterations.numpy()))
     assert updates == [updates[0]] * SIZE and 2 <= updates[0] < EPOCHS * STEPS // MICRO_BATCHES, updates
     assert agreements == []
+
+
+def test_notice_received_is_false_everywhere_until_one_rank_is_signalled_then_true_everywhere(monkeypatch):
+    """The check a loop of one's own makes: every rank answers alike, whichever rank got it."""
+    from kerasdist.notice import notice_state
+
+    monkeypatch.setattr(notice_state, "received", False)
+    monkeypatch.setattr(notice_state, "announced", False)
+    assert kd.notice_received() is False
+    if RANK == LAST_RANK:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + 30  # Python runs the handler between bytecodes, soon
+        while not notice_state.received and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert kd.notice_received() is True
+    assert kd.notice_received() is True  # until the process ends: it is to save and leave
+    assert notice_state.announced is (RANK == LAST_RANK)
