@@ -155,7 +155,30 @@ class AdaptiveBatchGrowth(keras.callbacks.Callback):
         )
 
     def effective_batch_size(self):
-        """Per-rank batch × ranks × accumulated micro-batches."""
+        """Per-rank batch × ranks × accumulated micro-batches: the examples one update averages.
+
+        The ranks are the planned ones (`kerasdist.planned_size()`), so the effective batch stays
+        the same when a job restarts on fewer ranks that accumulate for the missing ones.
+
+        Example:
+
+        ```python
+        import keras, numpy as np, kerasdist
+
+        kerasdist.init()
+        x = np.random.default_rng(kerasdist.rank()).normal(size=(64, 4)).astype("float32")
+        y = x.sum(axis=1, keepdims=True)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        model.compile(kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.01), backward_passes_per_step=2),
+                      loss="mse")
+        # Grow at every check, to show a growth.
+        growth = kerasdist.callbacks.AdaptiveBatchGrowth(batch_size=16, max_epochs_without_growth=0)
+        growth.set_model(model)  # fit does this too
+        print(growth.effective_batch_size() // kerasdist.planned_size())  # 32
+        model.fit(x, y, batch_size=16, verbose=0, callbacks=kerasdist.callbacks(extra=[growth]))
+        print(growth.effective_batch_size() // kerasdist.planned_size())  # 64
+        ```
+        """
         return self.batch_size * batch_multiple(self._optimizer().backward_passes_per_step)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -87,7 +87,37 @@ class GradientReduction:
         """Creates the method's state, if any, with `optimizer.add_variable(...)` or
         `optimizer.add_variable_from_reference(variable, name)` (saved with the optimizer,
         after its own counters). Called once, when the optimizer is built; `variables` are all its
-        trainable variables, in its order."""
+        trainable variables, in its order.
+
+        Example:
+
+        The plain average, which also keeps each variable's last averaged gradient: state made
+        here, one slot a variable, among the optimizer's variables and so saved with it.
+
+        ```python
+        import keras, numpy as np, tensorflow as tf, kerasdist
+
+        class KeepsLast(kerasdist.reductions.Allreduce):
+            def build(self, optimizer, variables):
+                self.last = [optimizer.add_variable_from_reference(v, name="last_gradient") for v in variables]
+
+            def reduce(self, gradients, variables, op):
+                reduced = super().reduce(gradients, variables, op)
+                for last, gradient in zip(self.slots(self.last, variables), reduced):
+                    last.assign(gradient)
+                return reduced
+
+        kerasdist.init()
+        optimizer = kerasdist.DistributedOptimizer(keras.optimizers.SGD(0.1), reduction=KeepsLast())
+        kernel, bias = keras.Variable(np.zeros((3, 2), np.float32)), keras.Variable(np.zeros(2, np.float32))
+        optimizer.build([kernel, bias])  # model.fit builds it before the first step
+        print([tuple(slot.shape) for slot in optimizer.reduction.last])  # [(3, 2), (2,)]
+        print(all(any(slot is v for v in optimizer.variables) for slot in optimizer.reduction.last))  # True
+        optimizer.apply([tf.fill((3, 2), float(kerasdist.rank())), tf.ones(2)], [kernel, bias])
+        # The average of the ranks' numbers 0, 1, ..., size - 1:
+        print(optimizer.reduction.last[0].numpy()[0, 0] == (kerasdist.size() - 1) / 2)  # True
+        ```
+        """
 
     def reduce(self, gradients, variables, op):
         """The gradients combined across ranks, a list in the order of `gradients`.

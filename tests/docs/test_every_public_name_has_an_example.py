@@ -29,10 +29,7 @@ NOT_OURS = {
 # may only shrink: test_the_backlog_only_shrinks fails once one of them has an example (delete it
 # here) or leaves the pages.
 NO_EXAMPLE_YET = {
-    "kerasdist.batch_growth.AdaptiveBatchGrowth.effective_batch_size",
-    "kerasdist.batch_growth.HessianEigenpair",
     "kerasdist.data.tfds_load",
-    "kerasdist.reductions.GradientReduction.build",
     "kerasdist.shutdown",
 }
 
