@@ -199,6 +199,8 @@ demo: build
 
 # The one-host benchmarks, each writing its result file to benchmarks/results/; then the tables
 # and plots of docs/performance.md and docs/network.md are made anew from those files.
+# scale_counts counts the engine's MPI calls at 2-128 ranks (oversubscribed: counts, not times);
+# scale_model fits docs/scale.md's model to the result files and measures nothing.
 RESULTS := benchmarks/results
 bench: build
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --json $(RESULTS)/allreduce.json
@@ -214,6 +216,8 @@ bench: build
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/keras_scaling.py --model mlp --json $(RESULTS)/keras_scaling_mlp.json
 	timeout 900 $(PY) benchmarks/keras_scaling.py --thread_pools
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/replica_check.py --json $(RESULTS)/replica_check.json
+	$(RUN_ENV) timeout 900 $(PY) benchmarks/scale_counts.py --json $(RESULTS)/scale_counts.json
+	timeout 300 $(PY) benchmarks/scale_model.py --json $(RESULTS)/scale_model.json
 	$(MAKE) --no-print-directory results-pages
 
 # The measurement tables of docs/performance.md, network.md and experiments.md, and the plots the
@@ -225,7 +229,8 @@ results-pages: venv
 # Emulated hosts (network namespaces; needs root): two on a 1 Gbit/s and on an unshaped link
 # (allreduce against raw MPI, fusion, compression, model.fit throughput), then allreduce on 2, 3
 # and 4 hosts as MPICH's own choice and as its ring (KERASDIST_ALLREDUCE_ALGORITHM), negotiation cost
-# at 2-16 ranks on four, then fixed batch against noise-scale growth on two hosts at 1 Gbit/s,
+# at 2-16 ranks on four, hierarchical against flat allreduce (scale_hierarchical; then the scale
+# model anew), then fixed batch against noise-scale growth on two hosts at 1 Gbit/s,
 # then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging);
 # ~90 min. Each writes its result file to benchmarks/results/; then the tables of docs/network.md
 # and (growth) docs/experiments.md are made anew from those files.
@@ -234,6 +239,8 @@ bench-net: build
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/fusion_tuning.py --json $(RESULTS)/fusion_tuning.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/topology_allreduce.py --json $(RESULTS)/topology_allreduce.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py --json $(RESULTS)/negotiation_scaling.json
+	$(RUN_ENV) timeout 1200 $(PY) benchmarks/scale_hierarchical.py --json $(RESULTS)/scale_hierarchical.json
+	timeout 300 $(PY) benchmarks/scale_model.py --json $(RESULTS)/scale_model.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py --json $(RESULTS)/batch_growth_cluster.json
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py --json $(RESULTS)/slow_links_cluster.json
 	$(MAKE) --no-print-directory results-pages
