@@ -341,7 +341,8 @@ PARTS = [
     ),
     (
         "stall inspector, the watchdog's liveness questions",
-        None,
+        "all-to-all: every waiting rank connects to every other (over TCP, a socket each: the usual "
+        "open-file limit of 1,024 is reached near 1,024 ranks; not tried)",
         lambda c: (
             f"{count(c['stall_messages_per_waiting_rank'])} messages per waiting rank, "
             f"{count(c['stall_messages_job_wide'])} job-wide, every {STALL_ASK_EVERY_S:g} s of waiting"
@@ -360,7 +361,7 @@ PARTS = [
     ),
     (
         "watchdog's collective timeout",
-        None,
+        "never: a timeout per call, no state per rank",
         lambda c: f"longest single call {duration(c['longest_call_s'])}, against a {COLLECTIVE_TIMEOUT_S:g} s timeout",
         "no per-rank state; a timeout per call",
         "none: the longest call predicted stays far inside KERASDIST_COLLECTIVE_TIMEOUT_S",
@@ -374,12 +375,16 @@ def tables(parameters, counts, times, predictions, breaks, cycles_per_step):
     largest = max(p["ranks"] for p in predictions)
     summary_rows = []
     for part, break_key, at_largest, grows, fix in PARTS:
-        first = breaks[assumed_name].get(break_key) if break_key else None
+        if break_key in breaks[assumed_name]:
+            first = breaks[assumed_name][break_key]
+            where = count(first) if first else "not within 10^6 ranks"
+        else:  # a part whose limit is not a time: the reason instead
+            where = break_key
         summary_rows.append(
             [
                 part,
                 grows,
-                (f"{count(first)}" if first else "not within 10^6 ranks") if break_key else "not a time: see the row",
+                where,
                 at_largest(at_scale[(assumed_name, largest)]),
                 fix,
             ]
