@@ -492,7 +492,11 @@ def tfds_load(
         ValueError: On every rank, if some rank cannot load the split, or (with `batch_size`)
             the ranks would run different numbers of steps.
 
-    Example (rank 0 first writes a small data set; yours is prepared once, before training):
+    Example:
+
+    Rank 0 first writes a small data set, so that the example needs no network; yours is
+    prepared once, before training. Every rank then reads its share, and together they read
+    every example once.
 
     ```python
     import numpy as np
@@ -510,8 +514,10 @@ def tfds_load(
         )
     kerasdist.barrier()
     train = kerasdist.data.tfds_load("twelve_numbers", "train", "tfds", batch_size=3, shuffle_files=True)
-    print(int(train.cardinality()) * kerasdist.size())  # 12
+    print(sum(kerasdist.allgather_object(int(train.cardinality()))))  # 12
     train = train.shuffle(12, seed=kerasdist.data.seed_for_rank(0)).batch(3)
+    mine = np.concatenate([batch["x"].numpy() for batch in train])
+    print(sorted(np.concatenate(kerasdist.allgather_object(mine)).tolist()) == list(range(12)))  # True
     ```
     """
     rank, size = _rank_and_size()

@@ -29,7 +29,6 @@ NOT_OURS = {
 # may only shrink: test_the_backlog_only_shrinks fails once one of them has an example (delete it
 # here) or leaves the pages.
 NO_EXAMPLE_YET = {
-    "kerasdist.data.tfds_load",
     "kerasdist.shutdown",
 }
 
