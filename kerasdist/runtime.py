@@ -250,7 +250,24 @@ def shutdown():
     """Stops the engine; pending collectives fail. Runs at exit on its own.
 
     Every rank should shut down: the engine agrees on it with the other ranks, and a rank
-    still waiting for a collective then gets an error instead of hanging.
+    still waiting for a collective then gets an error instead of hanging. Once shut down,
+    kerasdist cannot start again in that process.
+
+    Example:
+
+    ```python
+    import kerasdist
+
+    kerasdist.init()
+    print(int(kerasdist.allreduce(1.0, op=kerasdist.Sum)) == kerasdist.size())  # True
+    kerasdist.shutdown()  # on every rank, after its last collective
+    print(kerasdist.is_initialized())  # False
+    kerasdist.shutdown()  # again, as at exit: nothing left to stop
+    try:
+        kerasdist.init()
+    except RuntimeError as error:
+        print(error)  # kerasdist was shut down in this process and cannot be started again
+    ```
     """
     global _state, _shut_down
     with _lock:

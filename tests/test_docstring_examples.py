@@ -15,9 +15,12 @@ import contextlib
 import importlib
 import inspect
 import io
+import os
 import pkgutil
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 import textwrap
 from pathlib import Path
@@ -31,6 +34,9 @@ PRINTED = re.compile(r"^(?P<indent>\s*)print\((?P<expression>.*)\)\s+#\s?(?P<tex
 SHAPED = re.compile(r"^(?P<indent>\s*)(?P<name>\w+) = .*#\s?shape (?P<shape>\(.*\))\s*$")
 # Modules that run a program on import.
 SKIPPED_MODULES = {"kerasdist.run.__main__"}
+# Examples that end kerasdist in their process, which cannot start it again: each runs as a job of
+# its own, of this run's size.
+IN_A_JOB_OF_THEIR_OWN = {"kerasdist.runtime.shutdown"}
 
 
 def _examples():
@@ -129,9 +135,32 @@ def shared_working_directory():
         shutil.rmtree(created)
 
 
+def _run_in_a_job_of_its_own(name):
+    """Runs the example as a script, checked as here, in a new job of this run's size that rank 0
+    starts (kerasdist-run, at more than one rank); returns its exit status and the end of its
+    output on every rank."""
+    result = None
+    if kerasdist.rank() == 0:
+        script = Path(f"{name}_example.py").resolve()
+        prelude = ["import contextlib, io, re", inspect.getsource(_check_printed), inspect.getsource(_check_shape)]
+        aliases = "__check_printed__, __check_shape__ = _check_printed, _check_shape"
+        script.write_text("\n".join([*prelude, aliases, _instrumented(EXAMPLES[name])]) + "\n")
+        # The new job's processes must not take themselves for ranks of this one.
+        environment = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "PMIX_", "HYDRA_"))}
+        size = kerasdist.size()
+        launch = [sys.executable, "-m", "kerasdist.run", "-np", str(size)] if size > 1 else [sys.executable]
+        job = subprocess.run([*launch, str(script)], env=environment, capture_output=True, text=True, timeout=300)
+        result = (job.returncode, (job.stdout + job.stderr)[-3000:])
+    return kerasdist.broadcast_object(result, root_rank=0)
+
+
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_example_runs_and_prints_what_its_comments_say(name, shared_working_directory, monkeypatch):
     monkeypatch.chdir(shared_working_directory)
+    if name in IN_A_JOB_OF_THEIR_OWN:
+        status, output = _run_in_a_job_of_its_own(name)
+        assert status == 0, f"the example's job ended with status {status}:\n{output}"
+        return
     keras.backend.clear_session()  # fresh layer names ("sequential", "dense"), as in a new process
     namespace = {"__check_printed__": _check_printed, "__check_shape__": _check_shape}
     exec(compile(_instrumented(EXAMPLES[name]), f"<{name} example>", "exec"), namespace)

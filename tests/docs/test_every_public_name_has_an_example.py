@@ -25,13 +25,6 @@ NOT_OURS = {
     "kerasdist.estimator.InputContext": "TensorFlow's tf.distribute.InputContext, which input_fn receives",
 }
 
-# Issue 51's backlog: the objects still without an example when this test was written. The list
-# may only shrink: test_the_backlog_only_shrinks fails once one of them has an example (delete it
-# here) or leaves the pages.
-NO_EXAMPLE_YET = {
-    "kerasdist.shutdown",
-}
-
 
 def _docstring_examples():
     """The code of every example tests/test_docstring_examples.py runs."""
@@ -125,7 +118,7 @@ def test_every_documented_object_has_an_example_that_the_docstring_tests_run(doc
     run_by_the_tests = {textwrap.dedent(code).strip() for code in _docstring_examples()}
     without, not_run = [], []
     for name, (objtype, page, content) in sorted(documented.items()):
-        if objtype in ATTRIBUTE_TYPES or name in NOT_OURS or name in NO_EXAMPLE_YET:
+        if objtype in ATTRIBUTE_TYPES or name in NOT_OURS:
             continue
         example = _example(content)
         if example is None:
@@ -141,10 +134,3 @@ def test_the_names_that_are_not_ours_say_whose_they_are(documented):
         assert name in documented, name
         description = _description(documented[name][2])
         assert whose.split(",")[0].split("'s ")[1] in description, (name, description)
-
-
-def test_the_backlog_only_shrinks(documented):
-    listed_but_gone = sorted(NO_EXAMPLE_YET - set(documented))
-    assert not listed_but_gone, f"NO_EXAMPLE_YET names objects the API pages no longer show: {listed_but_gone}"
-    have_one_now = sorted(name for name in NO_EXAMPLE_YET if _example(documented[name][2]) is not None)
-    assert not have_one_now, f"these have an example now: delete them from NO_EXAMPLE_YET: {have_one_now}"
