@@ -268,7 +268,7 @@ def tables(rows, args):
     stall = {
         "columns": [
             "ranks",
-            f"questions each waiting rank sent (rank 0 {args.pause_s:g} s late)",
+            f"messages each waiting rank sent, questions and answers (rank 0 {args.pause_s:g} s late)",
             "messages job-wide",
             "steady step (s)",
             "churning step (s)",
