@@ -208,6 +208,7 @@ class Rank0Checkpoint(_compat.MonitorCallback):
         self._set_initial_epoch = False
         self._batches_to_pass_over = _batches_to_pass_over(latest, world.size, root_rank == world.rank)
         self._batches_done = 0  # of the current epoch
+        self._position_resumed = 0  # batches of the current epoch a resume passes over, as trained
 
     @staticmethod
     def latest(directory):
@@ -307,8 +308,10 @@ class Rank0Checkpoint(_compat.MonitorCallback):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._batches_done = 0
+        self._position_resumed = 0
         if self._batches_to_pass_over and epoch == self.initial_epoch:
             self._pass_over_trained_batches(self._batches_to_pass_over)
+            self._position_resumed = self._batches_to_pass_over
         self._batches_to_pass_over = 0
 
     def on_train_batch_end(self, batch, logs=None):
@@ -340,7 +343,11 @@ class Rank0Checkpoint(_compat.MonitorCallback):
             self._set_monitor_op()
         name = _format_filename(self.filename, epoch, logs)
         on_notice = notice_state.taken_at is not None and notice_state.taken_at[0] == epoch
-        batches = notice_state.taken_at[1] if on_notice else self._batches_done
+        # A stop while the resume passes over trained batches holds the state it resumed, so it
+        # is at the position it resumed from, not at the batches passed over so far.
+        batches = max(notice_state.taken_at[1] if on_notice else self._batches_done, self._position_resumed)
+        if on_notice:
+            notice_state.taken_at = (epoch, batches)  # what StopAgreement reports
         # Stopped inside the epoch (a notice, or a callback that set stop_training at a batch):
         # saved as such, so that a resume trains the rest of the epoch instead of taking it as done.
         cut = (on_notice or self.model.stop_training) and batches < ((self.params or {}).get("steps") or math.inf)

@@ -66,3 +66,25 @@ def test_an_epoch_stopped_at_a_batch_is_resumed_where_it_stopped(tmp_path_factor
     assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * STEPS
     for got, expected in zip(resumed.get_weights(), uninterrupted.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(SIZE > 1 and kd.local_size() != SIZE, reason="the checkpoint directory must be one for all ranks")
+def test_a_stop_while_a_resume_passes_over_trained_batches_keeps_the_position_reached(tmp_path_factory):
+    """A resumed epoch first passes over the batches trained before (drawn, not trained). A stop
+    there (a notice, or a launcher growing the job, that comes as it starts) saves the state it
+    resumed, at the position it resumed from; it had saved the batches passed over so far (1
+    here), so the next resume trained 2 batches twice."""
+    directory = kd.broadcast_object(str(tmp_path_factory.mktemp("cut-twice")) if RANK == 0 else None)
+    uninterrupted = _model()
+    _fit(uninterrupted, kd.callbacks())
+
+    _fit(_model(), [StopAt(epoch=1, batch=2), kd.callbacks.Rank0Checkpoint(directory, resume=True), *kd.callbacks()])
+    _fit(_model(), [StopAt(epoch=1, batch=0), kd.callbacks.Rank0Checkpoint(directory, resume=True), *kd.callbacks()])
+    latest = kd.callbacks.Rank0Checkpoint.latest(directory)
+    assert (latest.epoch, latest.batches_of_all_ranks) == (1, 3 * SIZE)
+
+    resumed = _model()
+    _fit(resumed, [kd.callbacks.Rank0Checkpoint(directory, resume=True), *kd.callbacks()])
+    assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * STEPS
+    for got, expected in zip(resumed.get_weights(), uninterrupted.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
