@@ -36,7 +36,7 @@ def _last_batch_of_each_rank(job):
 def test_a_notice_to_one_rank_stops_every_rank_at_one_step_that_the_restart_resumes_exactly(tmp_path):
     checkpoints = tmp_path / "checkpoints"
     job = run_job(
-        [*LAUNCHER, "-np", "2", "--restarts", "1", SCRIPT, checkpoints, "1"],
+        [*LAUNCHER, "-np", "2", "--restarts", "1", SCRIPT, checkpoints, "--notice-ranks", "1"],
         tmp_path,
         timeout=JOB_TIMEOUT_S,
         script_name=SCRIPT.name,
@@ -67,7 +67,7 @@ def test_a_notice_under_min_np_restarts_without_the_noticed_host_on_the_planned_
     discover.chmod(0o755)
     job = run_job(
         [*LAUNCHER, "-np", "2", "--restarts", "1", "--min-np", "1", "--host-discovery-script", discover]
-        + [SCRIPT, tmp_path / "checkpoints", "1"],
+        + [SCRIPT, tmp_path / "checkpoints", "--notice-ranks", "1"],
         tmp_path,
         timeout=JOB_TIMEOUT_S,
         script_name=SCRIPT.name,
@@ -91,13 +91,15 @@ def test_a_job_below_its_planned_size_grows_at_a_step_boundary_when_hosts_come_a
     """Shrunk first (the discovery offers 1 slot of the planned 2), then grown back: the launcher
     finds 2 slots while the job trains, it stops at a step boundary with a checkpoint and starts
     again at 2 ranks, ending where an uninterrupted run at the planned size does."""
-    offered = tmp_path / "second-slot"
+    listing = tmp_path / "hosts"
+    listing.write_text("localhost:1\n")
     discover = tmp_path / "find-hosts"
-    discover.write_text(f"#!/bin/sh\nif [ -e {offered} ]; then echo localhost:2; else echo localhost:1; fi\n")
+    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
     discover.chmod(0o755)
     job = run_job(
         [*LAUNCHER, "-np", "2", "--restarts", "1", "--min-np", "1", "--discovery-interval", "1"]
-        + ["--host-discovery-script", discover, SCRIPT, tmp_path / "checkpoints", "-1", offered],
+        + ["--host-discovery-script", discover, SCRIPT, tmp_path / "checkpoints", "--hosts-file", listing]
+        + ["--offer", "localhost:2"],
         tmp_path,
         timeout=JOB_TIMEOUT_S,
         script_name=SCRIPT.name,
@@ -112,6 +114,37 @@ def test_a_job_below_its_planned_size_grows_at_a_step_boundary_when_hosts_come_a
     # (in epoch 2, the slow one, unless the machine was slow enough to reach its end first).
     assert len(second) == 2 and second[0] == second[1], job.describe()
     assert second[0].startswith(("1 SIZE=2 RESUMED_FROM=2/", "1 SIZE=2 RESUMED_FROM=3/")), job.describe()
+    assert job.lines_with("ITERATIONS=") == [str(UPDATES)], job.describe()
+    assert float(job.lines_with("MAX_DIFFERENCE=")[0]) < 1e-5, job.describe()
+
+
+def test_a_job_shrunk_on_notice_grows_back_when_the_host_returns_and_ends_on_the_planned_weights(tmp_path):
+    """2 → 1 → 2 ranks on one host under two names: rank 1's host is given notice and goes (the
+    discovery program stops listing it); the 1-rank job resumes in epoch 2, the host comes back
+    as that epoch resumes, and the launcher grows the job back to 2 (often while the resume still
+    passes over the batches trained before, where a stop once saved too early a position)."""
+    here = socket.gethostname()
+    listing = tmp_path / "hosts"
+    listing.write_text(f"localhost:1\n{here}:1\n")
+    discover = tmp_path / "find-hosts"
+    discover.write_text(f"#!/bin/sh\ncat {listing}\n")
+    discover.chmod(0o755)
+    job = run_job(
+        [*LAUNCHER, "-np", "2", "--restarts", "1", "--min-np", "1", "--discovery-interval", "1"]
+        + ["--host-discovery-script", discover, SCRIPT, tmp_path / "checkpoints", "--notice-ranks", "1"]
+        + ["--hosts-file", listing, "--after-notice", "localhost:1", "--offer", f"localhost:1,{here}:1"]
+        + ["--offer-attempt", "1"],
+        tmp_path,
+        timeout=JOB_TIMEOUT_S,
+        script_name=SCRIPT.name,
+    )
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    assert f"starting it again without {here}" in job.output, job.describe()
+    assert f"2 of the planned 2 ranks fit now, on localhost:1,{here}:1; the job runs 1" in job.output, job.describe()
+    attempts = sorted(job.lines_with("ATTEMPT="))
+    assert attempts[:3] == ["0 SIZE=2 RESUMED_FROM=0/0"] * 2 + ["1 SIZE=1 RESUMED_FROM=2/4"], job.describe()
+    assert len(attempts) == 5 and attempts[3] == attempts[4], job.describe()
+    assert attempts[3].startswith(("2 SIZE=2 RESUMED_FROM=2/", "2 SIZE=2 RESUMED_FROM=3/")), job.describe()
     assert job.lines_with("ITERATIONS=") == [str(UPDATES)], job.describe()
     assert float(job.lines_with("MAX_DIFFERENCE=")[0]) < 1e-5, job.describe()
 

@@ -92,9 +92,9 @@ class Cluster:
         timeout=DEFAULT_JOB_TIMEOUT_S,
         script_name="",
     ):
-        """``kerasdist-run -np N (-H HOSTS | --hostfile FILE) --launcher-exec ... --network-interface ...``
+        """``kerasdist-run -np N [-H HOSTS | --hostfile FILE] --launcher-exec ... --network-interface ...``
         with ``env`` added to and ``unset`` removed from the environment hydra passes to the ranks."""
-        where = ["--hostfile", hostfile] if hostfile else ["-H", hosts]
+        where = ["--hostfile", hostfile] if hostfile else ["-H", hosts] if hosts else []  # [] : a discovery program
         argv = [
             *LAUNCHER,
             "-np",

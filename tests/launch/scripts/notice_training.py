@@ -1,11 +1,17 @@
 """fit on one data set sharded by kerasdist.data, with Rank0Checkpoint(resume=True), for a job
-given notice to leave in the middle of an epoch.
+given notice to leave in the middle of an epoch, or offered more hosts while it trains.
 
-    notice_training.py DIR RANK  on the first attempt, rank RANK sends itself the notice signal
-                                 (SIGUSR1) at the end of batch 1 of epoch 2 (-1: never)
-    notice_training.py DIR -1 PATH  on the first attempt, rank 0 creates PATH when epoch 2 begins
-                                 and batches from then on take 0.3 s, so that a test can offer
-                                 more hosts while the job trains
+    notice_training.py DIR [--notice-ranks R ...] [--hosts-file PATH [--after-notice TEXT]
+                       [--offer TEXT --offer-attempt A]]
+
+    --notice-ranks    on the first attempt these ranks send themselves the notice signal
+                      (SIGUSR1) at the end of batch 1 of epoch 2
+    --hosts-file      the file a test's discovery program prints
+    --after-notice    the first of those ranks writes TEXT there right after its notice: the
+                      noticed hosts go away
+    --offer           on attempt A (KERASDIST_RESTART), rank 0 writes TEXT there when epoch 2
+                      begins (or resumes), and batches from then on take 0.3 s, so that the
+                      launcher finds the hosts while the job trains
 
 Each rank prints STARTED_AT=<time.time() once kerasdist is up>, ATTEMPT=<attempt> SIZE=<ranks>
 RESUMED_FROM=<epoch>/<batch> and, on the first attempt, BATCH_END=<rank> <epoch> <batch> after
@@ -14,9 +20,9 @@ the end rank 0 prints ITERATIONS=<updates> and MAX_DIFFERENCE=<largest weight di
 plain Keras in one process on the planned global batch, computed here>.
 """
 
+import argparse
 import os
 import signal
-import sys
 import time
 
 import keras
@@ -26,27 +32,45 @@ import kerasdist as kd
 
 kd.init()
 print(f"STARTED_AT={time.time():.3f}", flush=True)
-directory, noticed_rank = sys.argv[1], int(sys.argv[2])
-grow_signal_path = sys.argv[3] if len(sys.argv) > 3 else None
+parser = argparse.ArgumentParser()
+parser.add_argument("directory")
+parser.add_argument("--notice-ranks", type=int, nargs="+", default=[])
+parser.add_argument("--hosts-file")
+parser.add_argument("--after-notice")
+parser.add_argument("--offer")
+parser.add_argument("--offer-attempt", type=int, default=0)
+args = parser.parse_args()
 attempt = int(os.environ.get("KERASDIST_RESTART", "0"))
 EPOCHS, PER_RANK_BATCH, NOTICE_EPOCH, UPDATES_PER_EPOCH = 4, 4, 2, 6
 GLOBAL_BATCH = PER_RANK_BATCH * kd.planned_size()
 
 
+def write_hosts(text):
+    # Whole or not at all: the launcher's discovery program may read it at any moment.
+    partial = f"{args.hosts_file}.{os.getpid()}"
+    with open(partial, "w") as hosts:
+        hosts.write(text.replace(",", "\n") + "\n")
+    os.replace(partial, args.hosts_file)
+
+
 class Notice(keras.callbacks.Callback):
+    offering = args.offer is not None and attempt == args.offer_attempt
+
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-        if attempt == 0 and grow_signal_path and epoch == NOTICE_EPOCH and kd.rank() == 0:
-            open(grow_signal_path, "w").close()
+        if self.offering and epoch == NOTICE_EPOCH and kd.rank() == 0:
+            write_hosts(args.offer)
 
     def on_train_batch_end(self, batch, logs=None):
+        if self.offering and self._epoch >= NOTICE_EPOCH:
+            time.sleep(0.3)
         if attempt == 0:
             print(f"BATCH_END={kd.rank()} {self._epoch} {batch}", flush=True)
-            if grow_signal_path and self._epoch >= NOTICE_EPOCH:
-                time.sleep(0.3)
-            if kd.rank() == noticed_rank and self._epoch == NOTICE_EPOCH and batch == 1:
+            if kd.rank() in args.notice_ranks and self._epoch == NOTICE_EPOCH and batch == 1:
                 print(f"NOTICE_AT={time.time():.3f}", flush=True)
                 os.kill(os.getpid(), signal.SIGUSR1)
+                if args.after_notice is not None and kd.rank() == min(args.notice_ranks):
+                    write_hosts(args.after_notice)
 
 
 def make_model():
@@ -59,7 +83,7 @@ x = rng.normal(size=(UPDATES_PER_EPOCH * GLOBAL_BATCH, 6)).astype("float32")
 y = (np.sin(x) @ np.linspace(-1, 1, 6).reshape(6, 1)).astype("float32")
 model = make_model()
 model.compile(kd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
-checkpoint = kd.callbacks.Rank0Checkpoint(directory, resume=True)
+checkpoint = kd.callbacks.Rank0Checkpoint(args.directory, resume=True)
 resumed = checkpoint.resumed_from
 print(
     f"ATTEMPT={attempt} SIZE={kd.size()} RESUMED_FROM={checkpoint.initial_epoch}/"
