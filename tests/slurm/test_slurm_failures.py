@@ -228,7 +228,8 @@ def test_scancel_during_a_save_keeps_that_checkpoint_whole_and_leaves_no_process
 def _requeue_recipe():
     """The batch script of docs/reliability.md's Slurm section."""
     text = (REPO_ROOT / "docs" / "reliability.md").read_text()
-    [script] = [block for block in re.findall(r"```sh\n(.*?)```", text, re.S) if "#SBATCH --requeue" in block]
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    [script] = [block for block in blocks if "#SBATCH --requeue" in block and "#SBATCH --signal" not in block]
     return script
 
 
@@ -414,3 +415,42 @@ def test_a_rank_killed_under_srun_ends_the_job(slurm_cluster, tmp_path):
     ), text
     assert detected_after < LOST_RANK_NAMED_WITHIN_S + SLACK_S, text
     assert "WEIGHTS=" not in text, text
+
+
+def _notice_recipe():
+    """The batch script of docs/reliability.md's Slurm section that requeues itself after a notice."""
+    text = (REPO_ROOT / "docs" / "reliability.md").read_text()
+    [script] = [block for block in re.findall(r"```sh\n(.*?)```", text, re.S) if "#SBATCH --signal" in block]
+    return script
+
+
+def test_a_notice_from_scancel_checkpoints_the_step_and_the_job_requeues_itself_and_resumes_there(
+    slurm_cluster, uninterrupted, tmp_path
+):
+    """`scancel --signal=USR1` (what `#SBATCH --signal=USR1@T` sends before the time limit): every
+    rank stops at one step boundary with a checkpoint, srun exits 75, the recipe requeues the job,
+    and the second run resumes inside epoch 2, where the first stopped, ending on the weights of a
+    run never interrupted."""
+    weights, _ = uninterrupted
+    marker = tmp_path / "epoch-2-step-1-done"
+    (tmp_path / ".venv").symlink_to(Path(PYTHON).parent.parent)
+    training = _training("checkpoints", "--slow-from-epoch", 2, "--marker", marker)[1:]
+    (tmp_path / "train.py").write_text(
+        f"import runpy, sys\nsys.argv = {training!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
+    )
+    job_id, output = _sbatch(slurm_cluster, _notice_recipe(), tmp_path)
+    try:
+        _wait_for_file(marker, "epoch 2", output=output)
+        _slurm(slurm_cluster, "scancel", "--signal=USR1", str(job_id))
+        _wait_for_state(slurm_cluster, job_id, {"PENDING"}, 60)
+        _slurm(slurm_cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        fields = _wait_for_state(slurm_cluster, job_id, FINAL_STATES, JOB_TIMEOUT_S)
+    finally:
+        slurm_cluster.command(["scancel", str(job_id)])
+    text = output.read_text()
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", f"{fields}\n{text}"
+    assert "every rank stopped on notice after batch" in text, text
+    [part_epoch] = [path.name for path in (tmp_path / "checkpoints").glob("epoch0003-batch*.keras")]
+    assert "Rank0Checkpoint saved this step" in text, text
+    assert re.findall(r"RESUMED_FROM=(\d+)", text) == ["0", "0", "2", "2"], f"{part_epoch}\n{text}"
+    assert _lines_with(text, "WEIGHTS=") == [weights], text
