@@ -88,3 +88,38 @@ def test_a_stop_while_a_resume_passes_over_trained_batches_keeps_the_position_re
     assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * STEPS
     for got, expected in zip(resumed.get_weights(), uninterrupted.get_weights()):
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.skipif(SIZE > 1 and kd.local_size() != SIZE, reason="the checkpoint directory must be one for all ranks")
+def test_a_model_with_metrics_resumes_inside_an_epoch(tmp_path_factory):
+    """Passing over the batches trained before, no step has built the compiled metrics yet; asking
+    them for their result there raised 'Cannot get result() since the metric has not yet been
+    built' on every rank (the digits example resumed after a notice so)."""
+    directory = kd.broadcast_object(str(tmp_path_factory.mktemp("cut-metrics")) if RANK == 0 else None)
+
+    def model_with_metrics():
+        model = _model()
+        model.compile(model.optimizer, "mse", metrics=["mae"])
+        return model
+
+    uninterrupted = model_with_metrics()
+    _fit(uninterrupted, kd.callbacks())
+    _fit(
+        model_with_metrics(),
+        [StopAt(epoch=1, batch=2), kd.callbacks.Rank0Checkpoint(directory, resume=True)] + [*kd.callbacks()],
+    )
+    resumed = model_with_metrics()
+    x, y = _data()
+    history = resumed.fit(
+        x,
+        y,
+        batch_size=BATCH,
+        epochs=EPOCHS,
+        shuffle=False,
+        verbose=0,
+        callbacks=[kd.callbacks.Rank0Checkpoint(directory, resume=True), *kd.callbacks()],
+    )
+    assert int(resumed.optimizer.iterations.numpy()) == EPOCHS * STEPS
+    assert sorted(history.history) == ["loss", "mae"] and len(history.history["mae"]) == EPOCHS - 1
+    for got, expected in zip(resumed.get_weights(), uninterrupted.get_weights()):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
