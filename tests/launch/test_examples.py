@@ -16,13 +16,14 @@ ATTEMPT_MARKER = "NETWORK ACCESS ATTEMPTED"  # printed by offline/sitecustomize.
 EXAMPLE_TIMEOUT_S = 240
 
 
-def launch(example, *flags, n=2, tmp_path, env=None):
+def launch(example, *flags, n=2, tmp_path, env=None, flags_of_the_launcher=()):
     argv = [
         sys.executable,
         "-m",
         "kerasdist.run",
         "-np",
         str(n),
+        *flags_of_the_launcher,
         sys.executable,
         REPO_ROOT / "examples" / example,
         *flags,
@@ -71,6 +72,33 @@ def test_keras_digits_resumes_from_its_checkpoint(tmp_path):
     again = launch("keras_digits.py", "--epochs=5", f"--checkpoint_dir={checkpoints}", tmp_path=tmp_path)
     assert again.returncode == 0, again.describe()
     assert "Epoch 4/5" in again.output and "Epoch 3/5" not in again.output, again.describe()
+
+
+def test_keras_digits_grows_from_1_rank_to_2_inside_an_epoch_and_ends_at_2(tmp_path):
+    """The path a user of --min-np takes with the main example: started on the 1 slot found, it
+    is offered a second once its first epoch is saved, stops inside epoch 2 with a checkpoint, and
+    resumes there on 2 ranks. That resume raised on every rank (compiled metrics asked for a result
+    before any step had built them)."""
+    checkpoints = tmp_path / "checkpoints"
+    discover = tmp_path / "find-hosts"
+    discover.write_text(
+        f"#!/bin/sh\nif [ -e {checkpoints}/epoch0001.keras ]; then echo localhost:2; else echo localhost:1; fi\n"
+    )
+    discover.chmod(0o755)
+    growing = ["--restarts", "1", "--min-np", "1", "--discovery-interval", "1", "--host-discovery-script", discover]
+    job = launch(
+        "keras_digits.py",
+        "--epochs=8",
+        f"--checkpoint_dir={checkpoints}",
+        tmp_path=tmp_path,
+        flags_of_the_launcher=growing,
+    )
+    assert job.returncode == 0 and not job.timed_out, job.describe()
+    assert "starting 1 of the planned 2 ranks on localhost:1" in job.output, job.describe()
+    assert "the job stopped at a step boundary to grow" in job.output, job.describe()
+    assert list(checkpoints.glob("epoch*-batch*.keras")), job.describe()  # stopped inside an epoch
+    results = re.findall(r"^2 process\(es\): test accuracy ([0-9.]+)", job.output, re.MULTILINE)
+    assert len(results) == 1 and float(results[0]) >= 0.9, job.describe()
 
 
 def test_keras_digits_never_downloads(tmp_path):
