@@ -195,8 +195,12 @@ def test_best_model_checkpoint_saves_on_rank_zero_when_the_monitor_improves(tmp_
 
 
 def test_names_kerasdist_does_not_offer_say_what_to_use():
-    with pytest.raises(NotImplementedError, match="--restarts"):
+    with pytest.raises(NotImplementedError, match=r"elastic training \(run\); call the training function directly"):
         hvd.elastic.run(lambda state: None)
+    with pytest.raises(NotImplementedError, match=r"\(KerasState\); pass kerasdist.callbacks.Rank0Checkpoint"):
+        hvd.elastic.KerasState(None, batch=0, epoch=0)
+    with pytest.raises(NotImplementedError, match=r"\(CommitStateCallback\); kerasdist.callbacks.Rank0Checkpoint"):
+        hvd.elastic.CommitStateCallback(state=None)
     with pytest.raises(NotImplementedError, match="process sets"):
         hvd_tf.allreduce(tf.constant(1.0), process_set=object())
     with pytest.raises(NotImplementedError, match="KERASDIST_TIMELINE"):

@@ -34,10 +34,14 @@ Average, Sum, Min, Max, Product = ops.Average, ops.Sum, ops.Min, ops.Max, ops.Pr
 class _NotOffered:
     """A Horovod name kerasdist does not implement: any use raises, naming what to use instead."""
 
-    def __init__(self, name, instead):
-        self._name, self._instead = name, instead
+    def __init__(self, name, instead, members=None):
+        self._name, self._instead, self._members = name, instead, members or {}
 
-    def error(self):
+    def error(self, member=None):
+        if member in self._members:
+            return NotImplementedError(
+                f"kerasdist does not offer Horovod's {self._name} ({member}); {self._members[member]}"
+            )
         return NotImplementedError(f"kerasdist does not offer Horovod's {self._name}; {self._instead}")
 
     def __call__(self, *args, **kwargs):
@@ -46,7 +50,7 @@ class _NotOffered:
     def __getattr__(self, attribute):
         if attribute.startswith("__"):
             raise AttributeError(attribute)
-        raise self.error()
+        raise self.error(attribute)
 
     def __repr__(self):
         return f"<Horovod's {self._name}: not offered by kerasdist>"
@@ -62,6 +66,22 @@ _NOT_OFFERED = {
         "kerasdist-run --restarts N --min-np M restarts a failed job, or one a host left on notice "
         "(KERASDIST_NOTICE_SIGNAL), on the hosts left, and at the larger size when hosts come back "
         "(--discovery-interval), from its Rank0Checkpoint(resume=True)",
+        members={
+            "run": "call the training function directly (no decorator) and start the script with "
+            "kerasdist-run -np N --restarts R --min-np M --host-discovery-script S: the launcher starts the "
+            "whole script again on the hosts there are, where Horovod retried the function in the process",
+            **dict.fromkeys(
+                ("KerasState", "TensorFlowKerasState", "TensorFlowState", "ObjectState", "State"),
+                "pass kerasdist.callbacks.Rank0Checkpoint(directory, resume=True) to fit: it saves at each "
+                "epoch's end and at the step a notice stops (state.commit()), and a restarted script resumes "
+                "from it (state.restore())",
+            ),
+            **dict.fromkeys(
+                ("CommitStateCallback", "UpdateBatchStateCallback", "UpdateEpochStateCallback"),
+                "kerasdist.callbacks.Rank0Checkpoint(directory, resume=True) with kerasdist.callbacks() "
+                "keeps the epoch and batch a restart resumes from",
+            ),
+        },
     ),
     "ProcessSet": _NotOffered("process sets", "kerasdist's collectives always span all ranks of the job"),
     "add_process_set": _NotOffered("process sets", "kerasdist's collectives always span all ranks of the job"),
