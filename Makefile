@@ -218,6 +218,7 @@ bench: build
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/replica_check.py --json $(RESULTS)/replica_check.json
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/scale_counts.py --json $(RESULTS)/scale_counts.json
 	timeout 300 $(PY) benchmarks/scale_model.py --json $(RESULTS)/scale_model.json
+	$(RUN_ENV) timeout 3600 $(PY) benchmarks/elastic.py --json $(RESULTS)/elastic.json
 	$(MAKE) --no-print-directory results-pages
 
 # The measurement tables of docs/performance.md, network.md and experiments.md, and the plots the

@@ -41,7 +41,9 @@ import results as result_files  # noqa: E402  (benchmarks/results.py)
 
 REPO = result_files.REPO
 RESULTS_DIR = result_files.RESULTS_DIR
-PAGES = [REPO / "docs" / name for name in ("performance.md", "network.md", "experiments.md", "scale.md")]
+PAGES = [
+    REPO / "docs" / name for name in ("performance.md", "network.md", "experiments.md", "scale.md", "reliability.md")
+]
 BLOCK = re.compile(r"(<!-- results:(?P<name>[^>\n]+?) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
