@@ -14,7 +14,7 @@ import os
 
 LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 AUTO_OR_OFF = ("auto", "off")
-ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring")
+ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring", "hierarchical")
 
 # One MPI call moves an int count of elements; a fusion buffer bigger than this buys nothing
 # and may not be allocatable at all.

@@ -128,8 +128,10 @@ Status MpiBackend::Allreduce(const void* in, void* out, int64_t count, DataType 
                            ToMpiType(dtype), ToMpiOp(op, dtype), comm_);
     };
     int code;
-    if (halves) {
+    if (halves) {  // already reduce-scatter and allgather, at memory speed
       code = AllreduceHalves(piece_out, n, dtype, op, scale);
+    } else if (algorithm_.UseHierarchy(int64_t{n} * item_size)) {
+      code = AllreduceAcrossHosts(in_place ? piece_out : static_cast<const char*>(in) + at, piece_out, n, dtype, op);
     } else if (algorithm_.UseRing(int64_t{n} * item_size)) {  // the same pieces, so the same answer, on every rank
       code = algorithm_.RunAsRing(reduce);
     } else {
@@ -174,6 +176,25 @@ Status MpiBackend::Alltoall(const void* in, const std::vector<int64_t>& send_cou
   return MpiStatus(MPI_Alltoallv(in, scounts.data(), Displacements(scounts).data(), type, out, rcounts.data(),
                                  Displacements(rcounts).data(), type, comm_),
                    "alltoall", name);
+}
+
+int MpiBackend::AllreduceAcrossHosts(const void* in, void* out, int count, DataType dtype, ReduceOp op) {
+  const int local = algorithm_.ranks_per_host();
+  std::vector<int> counts(local);
+  for (int i = 0; i < local; ++i) counts[i] = count / local + (i < count % local ? 1 : 0);
+  const int mine = counts[algorithm_.host_rank()];
+  slice_.resize(static_cast<size_t>(mine) * DataTypeSize(dtype));
+  const MPI_Datatype type = ToMpiType(dtype);
+  const MPI_Op mpi_op = ToMpiOp(op, dtype);
+  int code = MPI_Reduce_scatter(in, slice_.data(), counts.data(), type, mpi_op, algorithm_.host_comm());
+  if (code != MPI_SUCCESS) return code;
+  const auto across = [&] {
+    return MPI_Allreduce(MPI_IN_PLACE, slice_.data(), mine, type, mpi_op, algorithm_.across_comm());
+  };
+  code = algorithm_.UseRingAcross(static_cast<int64_t>(slice_.size())) ? algorithm_.RunAsRing(across) : across();
+  if (code != MPI_SUCCESS) return code;
+  return MPI_Allgatherv(slice_.data(), mine, type, out, counts.data(), Displacements(counts).data(), type,
+                        algorithm_.host_comm());
 }
 
 int MpiBackend::CombineChunks(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,
