@@ -180,21 +180,24 @@ Status MpiBackend::Alltoall(const void* in, const std::vector<int64_t>& send_cou
 
 int MpiBackend::AllreduceAcrossHosts(const void* in, void* out, int count, DataType dtype, ReduceOp op) {
   const int local = algorithm_.ranks_per_host();
-  std::vector<int> counts(local);
-  for (int i = 0; i < local; ++i) counts[i] = count / local + (i < count % local ? 1 : 0);
-  const int mine = counts[algorithm_.host_rank()];
-  slice_.resize(static_cast<size_t>(mine) * DataTypeSize(dtype));
+  const int slice = count / local;
+  const size_t item_size = DataTypeSize(dtype);
+  slice_.resize(static_cast<size_t>(slice) * item_size);
   const MPI_Datatype type = ToMpiType(dtype);
   const MPI_Op mpi_op = ToMpiOp(op, dtype);
-  int code = MPI_Reduce_scatter(in, slice_.data(), counts.data(), type, mpi_op, algorithm_.host_comm());
+  int code = MPI_Reduce_scatter_block(in, slice_.data(), slice, type, mpi_op, algorithm_.host_comm());
   if (code != MPI_SUCCESS) return code;
   const auto across = [&] {
-    return MPI_Allreduce(MPI_IN_PLACE, slice_.data(), mine, type, mpi_op, algorithm_.across_comm());
+    return MPI_Allreduce(MPI_IN_PLACE, slice_.data(), slice, type, mpi_op, algorithm_.across_comm());
   };
   code = algorithm_.UseRingAcross(static_cast<int64_t>(slice_.size())) ? algorithm_.RunAsRing(across) : across();
-  if (code != MPI_SUCCESS) return code;
-  return MPI_Allgatherv(slice_.data(), mine, type, out, counts.data(), Displacements(counts).data(), type,
-                        algorithm_.host_comm());
+  if (code == MPI_SUCCESS) code = MPI_Allgather(slice_.data(), slice, type, out, slice, type, algorithm_.host_comm());
+  const int tail = count - slice * local;
+  if (code != MPI_SUCCESS || tail == 0) return code;
+  // The last values, fewer than a host's ranks, over all ranks: the same bits everywhere too.
+  const size_t at = static_cast<size_t>(slice) * local * item_size;
+  return MPI_Allreduce(in == out ? MPI_IN_PLACE : static_cast<const char*>(in) + at, static_cast<char*>(out) + at,
+                       tail, type, mpi_op, comm_);
 }
 
 int MpiBackend::CombineChunks(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,
