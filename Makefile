@@ -62,7 +62,9 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # fusion and splitting off, so every tensor takes the engine's unfused path; fused at 2 ranks they
 # run under Open MPI below and in test-nccl's MPICH build), the allreduces of
 # test_allreduce_algorithm.py again as MPICH's ring (KERASDIST_ALLREDUCE_ALGORITHM=ring) at 2 and 3
-# ranks, and the docstring examples (written for any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
+# ranks and as the hierarchy on hosts MPICH emulates (MPIR_CVAR_NUM_CLIQUES: 2 hosts x 2 ranks, and
+# 3 x 2, whose allreduce across hosts runs as ring; on one real host the hierarchy falls back to
+# what auto runs, which the suite's own runs cover), and the docstring examples (written for any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
 # The Open MPI build's suites come last, from a make of their own, which sees Open MPI if it was
 # just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not here: make soak,
 # make test-install (see there).
@@ -88,6 +90,10 @@ test: lint build
 	    tests/collectives/test_allreduce_algorithm.py
 	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=ring timeout 300 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider \
 	    tests/collectives/test_allreduce_algorithm.py
+	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=hierarchical MPIR_CVAR_NUM_CLIQUES=2 timeout 300 $(MPIEXEC) -n 4 $(PY) \
+	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
+	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=hierarchical MPIR_CVAR_NUM_CLIQUES=3 timeout 600 $(MPIEXEC) -n 6 $(PY) \
+	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras $(KERAS_AT_2_RANKS_ONLY)
 	$(MAKE) --no-print-directory test-openmpi

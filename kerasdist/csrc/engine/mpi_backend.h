@@ -50,7 +50,9 @@ class MpiBackend : public Backend {
   // MPI_Allreduce of the slices across the hosts among the ranks of local rank l gives every
   // such rank the same bits of slice l, and MPI_Allgather within the host hands them round. The
   // slices are equal: MPICH's v-variants (counts per rank) took 5-12x as long here (6 ranks on
-  // 2 emulated hosts, 1-16 MiB), so the last count % R values go over all ranks on their own.
+  // 2 emulated hosts, 1-16 MiB). The last count % R values are reduced to local rank 0 (shared
+  // memory), cross the hosts with its slice and are broadcast within the host, rather than
+  // costing a small allreduce of their own across hosts.
   int AllreduceAcrossHosts(const void* in, void* out, int count, DataType dtype, ReduceOp op);
 
   MPI_Comm comm_;
