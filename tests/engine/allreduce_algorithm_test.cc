@@ -167,10 +167,10 @@ void RunHierarchyChecks(int hosts, bool mpich, int ring, int held) {
   kd::MpiBackend pieces(g_watched, 1024, hierarchical);
   CheckHierarchySum(pieces, "hierarchical, in pieces", 769, 256, local, held);
 
-  // auto: the hierarchy from kHierarchyFromBytes (1 MiB: 1 << 18 float32 values).
+  // auto: the hierarchy from kHierarchyFromBytes (4 MiB: 1 << 20 float32 values).
   const kd::AllreduceAlgorithm automatic = Made(kd::AllreduceChoice::kAuto);
   kd::MpiBackend auto_backend(g_watched, 0, automatic);
-  CheckHierarchySum(auto_backend, "auto, large", 1 << 18, 0, local, across_large);
+  CheckHierarchySum(auto_backend, "auto, large", 1 << 20, 0, local, across_large);
   // Below it, what auto ran before: MPICH's ring from 64 KiB on 3 hosts (6 ranks, not a power of two).
   const int small = static_cast<int>(kd::AllreduceAlgorithm::kHierarchyFromBytes / 4) - 1;
   CheckSum(auto_backend, "auto, below the hierarchy", small, 1, mpich && hosts >= 3 ? ring : held);

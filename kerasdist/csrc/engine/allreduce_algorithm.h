@@ -36,12 +36,12 @@ class AllreduceAlgorithm {
   static constexpr int64_t kRingFromBytesPowerOfTwo = int64_t{12} << 20;
   static constexpr int kRingFromHosts = 3;
   // Under kAuto, calls of at least kHierarchyFromBytes run as the hierarchy wherever it is
-  // available (docs/network.md, "Several ranks per host"). On emulated hosts at 1 Gbit/s, from
-  // 1 MiB it was as fast as MPI's choice or faster in each of two runs (2x3: 1.0-1.9x; 3x2:
-  // 1.4-2.2x MPI's choice and 1.6-3.1x MPICH's ring, which auto ran there before). Below 1 MiB
-  // every time was 5-40x the link's, set by the machine's load (8-30 on 2 cores), and the two
-  // runs disagreed on whether ring or the hierarchy was ahead at 3x2: what auto ran before stays.
-  static constexpr int64_t kHierarchyFromBytes = int64_t{1} << 20;
+  // available (docs/network.md, "Several ranks per host"). On emulated hosts at 1 Gbit/s (three
+  // runs, load 5-30 on 2 cores), from 4 MiB it was ahead of the faster flat choice or within 3 %
+  // in every job (2x3: 1.1-1.7x MPI's choice; 3x2: 1.4-2.4x MPI's choice, 1.0-3.1x MPICH's ring,
+  // which auto ran there before). At 1 MiB and below the load set the times: the hierarchy was
+  // 3x ahead of the ring in one run at 3x2 and half as fast in another, so auto keeps what it ran.
+  static constexpr int64_t kHierarchyFromBytes = int64_t{4} << 20;
 
   // MPI's own choice everywhere: what a backend without a communicator of its own uses.
   AllreduceAlgorithm() = default;
