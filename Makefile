@@ -230,7 +230,8 @@ results-pages: venv
 
 # Emulated hosts (network namespaces; needs root): two on a 1 Gbit/s and on an unshaped link
 # (allreduce against raw MPI, fusion, compression, model.fit throughput), then allreduce on 2, 3
-# and 4 hosts as MPICH's own choice and as its ring (KERASDIST_ALLREDUCE_ALGORITHM), negotiation cost
+# and 4 hosts as MPICH's own choice and as its ring (KERASDIST_ALLREDUCE_ALGORITHM) and on 2 x 3 and
+# 3 x 2 as the hierarchy, negotiation cost
 # at 2-16 ranks on four, then fixed batch against noise-scale growth on two hosts at 1 Gbit/s,
 # then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging);
 # ~90 min. Each writes its result file to benchmarks/results/; then the tables of docs/network.md
@@ -239,6 +240,8 @@ bench-net: build
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py --json $(RESULTS)/network.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/fusion_tuning.py --json $(RESULTS)/fusion_tuning.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/topology_allreduce.py --json $(RESULTS)/topology_allreduce.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/topology_allreduce.py --layouts 2x3 3x2 --sizes_kib 64 256 1024 4096 12288 16384 \
+	    --json $(RESULTS)/topology_allreduce_hierarchy.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py --json $(RESULTS)/negotiation_scaling.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py --json $(RESULTS)/batch_growth_cluster.json
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py --json $(RESULTS)/slow_links_cluster.json

@@ -36,11 +36,13 @@ class AllreduceAlgorithm {
   static constexpr int64_t kRingFromBytesPowerOfTwo = int64_t{12} << 20;
   static constexpr int kRingFromHosts = 3;
   // Under kAuto, calls of at least kHierarchyFromBytes run as the hierarchy wherever it is
-  // available (docs/network.md, "Several ranks per host"). On emulated hosts at 1 Gbit/s (three
-  // runs, load 5-30 on 2 cores), from 4 MiB it was ahead of the faster flat choice or within 3 %
-  // in every job (2x3: 1.1-1.7x MPI's choice; 3x2: 1.4-2.4x MPI's choice, 1.0-3.1x MPICH's ring,
-  // which auto ran there before). At 1 MiB and below the load set the times: the hierarchy was
-  // 3x ahead of the ring in one run at 3x2 and half as fast in another, so auto keeps what it ran.
+  // available (docs/network.md, "Several ranks per host"). On emulated hosts at 1 Gbit/s (four
+  // runs, load 1-31 on 2 cores), from 4 MiB it was ahead of the faster flat choice or within 8 %
+  // in every job but one (2x3: 1.0-1.7x MPI's choice; 3x2: 1.4-2.8x MPI's choice, 0.9-3.1x raw
+  // MPICH's ring, which auto ran there before); the one, at load 9-31, took 2x MPI's time at 4
+  // and 16 MiB and half of it at 12 MiB. At 1 MiB and below the load set the times: the hierarchy
+  // was 3x ahead of the ring in one run at 3x2 and half as fast in another, so auto keeps what it
+  // ran before there.
   static constexpr int64_t kHierarchyFromBytes = int64_t{4} << 20;
 
   // MPI's own choice everywhere: what a backend without a communicator of its own uses.
