@@ -13,10 +13,11 @@ SUITE_TIMEOUT_S = 600
 SIZE_LIMITED_TESTS = ["tests/collectives/test_compression.py::test_float16_passes_through_bf16_compression"]
 
 
-# Two ranks per host: each rank has a neighbour over shared memory and two across the link, the
-# suite runs at 4 ranks, a size no other run of it has, and its allreduces of 1 MiB and more run
-# as the hierarchy (KERASDIST_ALLREDUCE_ALGORITHM=auto). (One rank per host added 1 minute of CI
-# and no code path of ours: with one rank per host and 2 hosts the engine runs as on one.)
+# Two ranks per host: each rank has a neighbour over shared memory and two across the link, and
+# the suite runs at 4 ranks, a size no other run of it has. (auto would run allreduces of 4 MiB
+# and more as the hierarchy here; the suite's are smaller, and test_hierarchical_allreduce_cluster.py
+# runs it. One rank per host added 1 minute of CI and no code path of ours: with one rank per host
+# on 2 hosts the engine runs as on one.)
 # The job's own timeout must fire before pytest's per-test limit (tests/conftest.py), which ends
 # the whole session.
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60, method="thread")
