@@ -4,6 +4,7 @@ How to run (as root; `make bench-net` runs it with the defaults, ~15 min):
 
   .venv/bin/python benchmarks/topology_allreduce.py
   .venv/bin/python benchmarks/topology_allreduce.py --layouts 3x1 --sizes_kib 4 16384 --repeats 3
+  .venv/bin/python benchmarks/topology_allreduce.py --layouts 2x3 3x2 --sizes_kib 64 256 1024 4096 12288 16384
 
 For each layout HxR (H emulated hosts of scripts/netns_cluster.sh, R ranks each, links shaped to
 --rate) it measures one TCP stream between two hosts (the link's rate; median of 3) and runs
@@ -12,6 +13,9 @@ benchmarks/topology_allreduce_ranks.py across the hosts three times, float32 Sum
   auto    KERASDIST_ALLREDUCE_ALGORITHM=auto (the default): raw MPI and kerasdist, taking turns
   ring    MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM=ring in every rank's environment: raw MPI alone,
           every allreduce as MPICH's ring
+  hierarchical  KERASDIST_ALLREDUCE_ALGORITHM=hierarchical: kerasdist alone, every allreduce as
+          reduce-scatter within hosts, allreduce across, allgather within (with one rank per host
+          there is no hierarchy: it runs what auto runs)
 Link limit: an allreduce of S bytes over H hosts must send and receive 2(H-1)/H x S bytes over
 some host's link at best (reduce-scatter, then allgather, between the hosts), so that over the
 stream's rate is the floor. Ratios within a row compare jobs that ran one after the other: read
@@ -42,6 +46,7 @@ JOBS = {
     "mpi": ({"KERASDIST_ALLREDUCE_ALGORITHM": "mpi"}, ["raw", "kerasdist"]),
     "auto": ({"KERASDIST_ALLREDUCE_ALGORITHM": "auto"}, ["raw", "kerasdist"]),
     "ring": ({"MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM": "ring"}, ["raw"]),
+    "hierarchical": ({"KERASDIST_ALLREDUCE_ALGORITHM": "hierarchical"}, ["kerasdist"]),
 }
 COLUMNS = [
     "size",
@@ -50,15 +55,19 @@ COLUMNS = [
     "raw MPI ring",
     "kerasdist mpi",
     "kerasdist auto",
+    "kerasdist hierarchical",
     "auto: share of link limit",
+    "hierarchical: share of link limit",
     "auto ÷ mpi (speed-up)",
     "auto ÷ raw ring",
+    "hierarchical ÷ mpi",
 ]
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--layouts", nargs="+", default=["2x1", "3x1", "4x1", "3x2"], help="HOSTSxRANKS_PER_HOST")
+    # Several ranks per host (2x3, 3x2: the hierarchy) are `make bench-net`'s second run.
+    parser.add_argument("--layouts", nargs="+", default=["2x1", "3x1", "4x1"], help="HOSTSxRANKS_PER_HOST")
     parser.add_argument("--rate", default="1gbit", help="tc rate of every host's link (default: %(default)s)")
     parser.add_argument("--sizes_kib", type=int, nargs="+", default=[4, 64, 256, 1024, 4096, 12288, 16384])
     parser.add_argument("--repeats", type=int, default=5)
@@ -131,7 +140,8 @@ def measure_layout(args, hosts, slots):
 def table(layout):
     hosts, jobs = layout["hosts"], layout["jobs"]
     rows = []
-    for mpi, auto, ring in zip(jobs["mpi"]["sizes"], jobs["auto"]["sizes"], jobs["ring"]["sizes"]):
+    sizes = zip(jobs["mpi"]["sizes"], jobs["auto"]["sizes"], jobs["ring"]["sizes"], jobs["hierarchical"]["sizes"])
+    for mpi, auto, ring, hierarchical in sizes:
         nbytes = mpi["bytes"]
         limit = 2 * (hosts - 1) / hosts * nbytes * 8 / (layout["link_gbits"] * 1e9)
         rows.append(
@@ -142,9 +152,12 @@ def table(layout):
                 f"{ring['raw_s'] * 1e3:.3f} ms",
                 f"{mpi['kerasdist_s'] * 1e3:.3f} ms",
                 f"{auto['kerasdist_s'] * 1e3:.3f} ms",
+                f"{hierarchical['kerasdist_s'] * 1e3:.3f} ms",
                 f"{limit / auto['kerasdist_s']:.2f}",
+                f"{limit / hierarchical['kerasdist_s']:.2f}",
                 f"{mpi['kerasdist_s'] / auto['kerasdist_s']:.2f}",
                 f"{ring['raw_s'] / auto['kerasdist_s']:.2f}",
+                f"{mpi['kerasdist_s'] / hierarchical['kerasdist_s']:.2f}",
             ]
         )
     return {"columns": COLUMNS, "rows": rows}

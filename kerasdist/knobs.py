@@ -14,7 +14,7 @@ import os
 
 LOG_LEVELS = {"debug": 0, "info": 1, "warning": 2, "error": 3}
 AUTO_OR_OFF = ("auto", "off")
-ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring")
+ALLREDUCE_ALGORITHMS = ("auto", "mpi", "ring", "hierarchical")
 
 # One MPI call moves an int count of elements; a fusion buffer bigger than this buys nothing
 # and may not be allocatable at all.
@@ -189,12 +189,14 @@ KNOBS = (
         "--allreduce-algorithm",
         "auto",
         _one_of(ALLREDUCE_ALGORITHMS),
-        "which algorithm MPI runs the engine's allreduces with, under an MPI that lets a program choose per "
-        "call (MPICH, through MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM): auto: MPICH's ring when the job spans 3 or "
-        "more hosts, for calls of at least 64 KiB (12 MiB when the ranks are a power of two), where MPICH's own "
-        "choice is far from the link; ring: "
-        "always; mpi: MPI's own choice. Ring sets MPICH's process-wide variable for the length of each call: "
-        "if the program makes MPI allreduces of its own on another thread meanwhile, set mpi",
+        "which algorithm the engine's allreduces run with. auto: on 2 or more hosts of the same number (2 or "
+        "more) of ranks, the hierarchy for calls of at least 4 MiB; otherwise, under an MPI that lets a program "
+        "choose per call (MPICH, through MPIR_CVAR_ALLREDUCE_INTRA_ALGORITHM), MPICH's ring when the job spans 3 "
+        "or more hosts, for calls of at least 64 KiB (12 MiB when the ranks are a power of two), where MPICH's "
+        "own choice is far from the link; ring: MPICH's ring always; hierarchical: the hierarchy (reduce-scatter "
+        "within each host, allreduce across hosts, allgather within) for every call where the hosts allow it, "
+        "else what auto runs; mpi: MPI's own choice. Ring sets MPICH's process-wide variable for the length of "
+        "each call: if the program makes MPI allreduces of its own on another thread meanwhile, set mpi",
         metavar="ALGORITHM",
         flag_to_text=str.lower,
         to_engine=_text,

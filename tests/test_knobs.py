@@ -60,7 +60,7 @@ _BAD_VALUES = [
     ("KERASDIST_LOG_LEVEL", "loud", "must be one of debug, info, warning, error"),
     ("KERASDIST_TF_THREADS", "4", "must be one of auto, off"),
     ("KERASDIST_MALLOC", "glibc", "must be one of auto, off"),
-    ("KERASDIST_ALLREDUCE_ALGORITHM", "rabenseifner", "must be one of auto, mpi, ring"),
+    ("KERASDIST_ALLREDUCE_ALGORITHM", "rabenseifner", "must be one of auto, mpi, ring, hierarchical"),
     ("KERASDIST_BUCKET_BYTES", "4MB", "must be auto or a whole number of bytes between 0 and 1099511627776"),
     ("KERASDIST_BUCKET_BYTES", "-1", "must be auto or a whole number of bytes between 0"),
     ("KERASDIST_REPLICA_CHECK", "sometimes", "must be epoch, off or a whole number of steps between 1 and"),

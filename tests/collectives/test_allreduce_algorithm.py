@@ -1,7 +1,10 @@
 """Allreduces whatever algorithm MPI runs them with (KERASDIST_ALLREDUCE_ALGORITHM): results equal
 NumPy's to float tolerance and are the same bits on every rank. `make test` runs this file as part
 of the suite (MPI's own choice on one host) and again with KERASDIST_ALLREDUCE_ALGORITHM=ring at 2
-and 3 ranks, where every float and integer allreduce that MPI reduces runs as MPICH's ring.
+and 3 ranks, where every float and integer allreduce that MPI reduces runs as MPICH's ring, and
+with KERASDIST_ALLREDUCE_ALGORITHM=hierarchical on 2 and 3 hosts of 2 ranks that MPICH emulates
+(MPIR_CVAR_NUM_CLIQUES), where they run as reduce-scatter within hosts, allreduce across,
+allgather within; the lengths leave a rest that does not split evenly among a host's ranks.
 
 The float values are not small integers: sums round, and they round differently in different
 orders, so a rank that combined in an order of its own would show in the bitwise comparison."""

@@ -51,7 +51,31 @@ def test_ring_runs_exactly_the_allreduces_chosen_for_it_and_the_variable_is_rest
     allreduce_algorithm_test, ring_value, ranks, tmp_path
 ):
     job = run_job(
-        [MPIEXEC, "-n", ranks, allreduce_algorithm_test, ring_value],
+        [MPIEXEC, "-n", ranks, allreduce_algorithm_test, ring_value, 1],
+        cwd=tmp_path,
+        timeout=DEFAULT_JOB_TIMEOUT_S,
+        script_name=allreduce_algorithm_test.name,
+    )
+    assert not job.timed_out and job.returncode == 0, job.describe()
+    passed = re.findall(r"^rank \d+: passed, 0 of [1-9]\d* checks failed$", job.output, re.MULTILINE)
+    assert len(passed) == ranks, job.describe()
+
+
+# MPICH's MPIR_CVAR_NUM_CLIQUES splits one host's ranks into that many emulated hosts in blocks
+# (6 ranks in 2: ranks 0-2 and 3-5; 3 ranks in 2: ranks 0-1 and 2), which MPI_Comm_split_type
+# then reports as hosts.
+@pytest.mark.parametrize(
+    "ranks, cliques, hosts",
+    [(4, 2, 2), (6, 3, 3), (6, 2, 2), (3, 2, 0)],
+    ids=["2 hosts x 2", "3 hosts x 2", "2 hosts x 3", "hosts of 2 and 1 ranks"],
+)
+def test_the_hierarchy_runs_where_every_host_holds_as_many_ranks(
+    allreduce_algorithm_test, ring_value, ranks, cliques, hosts, tmp_path
+):
+    if read_build_info(BUILD_INFO)["mpi_flavour"] != "mpich":
+        pytest.skip("emulates hosts with MPICH's MPIR_CVAR_NUM_CLIQUES")
+    job = run_job(
+        [MPIEXEC, "-n", ranks, "-genv", "MPIR_CVAR_NUM_CLIQUES", cliques, allreduce_algorithm_test, ring_value, hosts],
         cwd=tmp_path,
         timeout=DEFAULT_JOB_TIMEOUT_S,
         script_name=allreduce_algorithm_test.name,

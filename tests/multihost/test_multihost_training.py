@@ -14,8 +14,10 @@ SIZE_LIMITED_TESTS = ["tests/collectives/test_compression.py::test_float16_passe
 
 
 # Two ranks per host: each rank has a neighbour over shared memory and two across the link, and
-# the suite runs at 4 ranks, a size no other run of it has. (One rank per host added 1 minute of
-# CI and no code path of ours: the engine does not look at hosts, only MPI's transports do.)
+# the suite runs at 4 ranks, a size no other run of it has. (auto would run allreduces of 4 MiB
+# and more as the hierarchy here; the suite's are smaller, and test_hierarchical_allreduce_cluster.py
+# runs it. One rank per host added 1 minute of CI and no code path of ours: with one rank per host
+# on 2 hosts the engine runs as on one.)
 # The job's own timeout must fire before pytest's per-test limit (tests/conftest.py), which ends
 # the whole session.
 @pytest.mark.timeout(SUITE_TIMEOUT_S + 60, method="thread")

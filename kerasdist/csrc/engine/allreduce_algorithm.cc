@@ -91,6 +91,7 @@ const char* ChoiceName(AllreduceChoice choice) {
     case AllreduceChoice::kMpi: return "mpi";
     case AllreduceChoice::kRing: return "ring";
     case AllreduceChoice::kAuto: return "auto";
+    case AllreduceChoice::kHierarchical: return "hierarchical";
   }
   return "?";
 }
@@ -107,7 +108,6 @@ Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, Allreduce
   int host_rank = 0, host_size = 1;
   MPI_Comm_rank(host, &host_rank);
   MPI_Comm_size(host, &host_size);
-  MPI_Comm_free(&host);
   // Minima over the ranks: a choice and its negation give the least and the greatest choice,
   // a host size and its negation the smallest and the largest host.
   const int choice_number = static_cast<int>(choice);
@@ -115,8 +115,12 @@ Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, Allreduce
   int hosts = host_rank == 0 ? 1 : 0;
   code = MPI_Allreduce(MPI_IN_PLACE, least, 5, MPI_INT, MPI_MIN, comm);
   if (code == MPI_SUCCESS) code = MPI_Allreduce(MPI_IN_PLACE, &hosts, 1, MPI_INT, MPI_SUM, comm);
-  if (code != MPI_SUCCESS) return MpiStatus(code, "counting the hosts", "(start)");
+  if (code != MPI_SUCCESS) {
+    MPI_Comm_free(&host);
+    return MpiStatus(code, "counting the hosts", "(start)");
+  }
   if (least[1] != -least[2]) {
+    MPI_Comm_free(&host);
     return Status::InvalidArgument(std::string("kerasdist: KERASDIST_ALLREDUCE_ALGORITHM differs between ranks (") +
                                    ChoiceName(static_cast<AllreduceChoice>(least[1])) + " and " +
                                    ChoiceName(static_cast<AllreduceChoice>(-least[2])) +
@@ -127,6 +131,27 @@ Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, Allreduce
   MPI_Comm_size(comm, &made.ranks_);
   made.hosts_ = hosts;
   made.ranks_per_host_ = least[3] == -least[4] ? least[3] : 0;
+  // Decided from values every rank agreed on above, so every rank makes the communicators or none.
+  const bool hierarchy = (choice == AllreduceChoice::kAuto || choice == AllreduceChoice::kHierarchical) &&
+                         made.hosts_ >= 2 && made.ranks_per_host_ >= 2;
+  if (!hierarchy) {
+    MPI_Comm_free(&host);
+    *algorithm = made;
+    return Status::OK();
+  }
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm across;
+  code = MPI_Comm_split(comm, host_rank, rank, &across);
+  if (code != MPI_SUCCESS) {
+    MPI_Comm_free(&host);
+    return MpiStatus(code, "making the communicator across hosts", "(start)");
+  }
+  MPI_Comm_set_errhandler(host, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(across, MPI_ERRORS_RETURN);
+  made.host_comm_ = host;
+  made.across_comm_ = across;
+  made.host_rank_ = host_rank;
   *algorithm = made;
   return Status::OK();
 }
@@ -136,15 +161,31 @@ std::string AllreduceAlgorithm::Describe() const {
   if (ranks_per_host_ > 0) layout += " x " + std::to_string(ranks_per_host_) + (ranks_per_host_ == 1 ? " rank" : " ranks");
   std::string text = std::string("allreduce algorithm ") + ChoiceName(choice_) + " on " + layout + ": ";
   if (choice_ == AllreduceChoice::kMpi) return text + "MPI's own choice";
+  const std::string across = std::string(" (across hosts ") +
+                             (UseRingAcross(int64_t{1} << 40) ? "MPICH's ring from " +
+                                                                   std::to_string(RingFrom(hosts_) >> 10) + " KiB slices"
+                                                              : "MPI's own choice") +
+                             ")";
+  if (choice_ == AllreduceChoice::kHierarchical && hierarchy_available()) {
+    return text + "the hierarchy for every allreduce" + across;
+  }
+  std::string hierarchy;
+  if (choice_ == AllreduceChoice::kAuto && hierarchy_available()) {
+    hierarchy = "the hierarchy for calls of at least " + std::to_string(kHierarchyFromBytes >> 10) + " KiB" + across +
+                ", below that ";
+  } else if (choice_ == AllreduceChoice::kHierarchical) {
+    hierarchy = "no hierarchy, since it needs 2 or more hosts of 2 or more ranks each, every host with as many; ";
+  }
   if (!ring_available_) {
-    return text + "MPI's own choice, since this MPI has no writable " + kVariable + " with a '" + kRingItem +
-           "' value (MPICH's)";
+    return text + hierarchy + "MPI's own choice, since this MPI has no writable " + kVariable + " with a '" +
+           kRingItem + "' value (MPICH's)";
   }
   if (choice_ == AllreduceChoice::kRing) return text + "MPICH's ring for every MPI_Allreduce";
-  if (hosts_ < kRingFromHosts) return text + "MPI's own choice (fewer than " + std::to_string(kRingFromHosts) + " hosts)";
-  const bool power_of_two = (ranks_ & (ranks_ - 1)) == 0;
-  const int64_t from = power_of_two ? kRingFromBytesPowerOfTwo : kRingFromBytes;
-  return text + "MPICH's ring for calls of at least " + std::to_string(from >> 10) + " KiB, MPI's own choice below";
+  if (hosts_ < kRingFromHosts) {
+    return text + hierarchy + "MPI's own choice (fewer than " + std::to_string(kRingFromHosts) + " hosts)";
+  }
+  return text + hierarchy + "MPICH's ring for calls of at least " + std::to_string(RingFrom(ranks_) >> 10) +
+         " KiB, MPI's own choice below";
 }
 
 }  // namespace kerasdist

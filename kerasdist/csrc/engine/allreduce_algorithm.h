@@ -7,6 +7,12 @@
 // its `ring` value at start, decides per call whether ring should run, and sets the variable to
 // ring around those calls only. An MPI without that variable or value (Open MPI) keeps its own
 // choice everywhere.
+//
+// With several hosts of several ranks each, an allreduce can also run as a hierarchy: a
+// reduce-scatter within each host (shared memory), an allreduce of each rank's slice across the
+// hosts among the ranks of equal local rank, and an allgather within each host. Only 1/R of the
+// buffer then crosses hosts per rank, where MPI's own choice over all ranks moves whole buffers
+// between hosts when the rank count is not a power of two.
 #pragma once
 
 #include <mpi.h>
@@ -29,23 +35,42 @@ class AllreduceAlgorithm {
   static constexpr int64_t kRingFromBytes = int64_t{64} << 10;
   static constexpr int64_t kRingFromBytesPowerOfTwo = int64_t{12} << 20;
   static constexpr int kRingFromHosts = 3;
+  // Under kAuto, calls of at least kHierarchyFromBytes run as the hierarchy wherever it is
+  // available (docs/network.md, "Several ranks per host"). On emulated hosts at 1 Gbit/s (four
+  // runs, load 1-31 on 2 cores), from 4 MiB it was ahead of the faster flat choice or within 8 %
+  // in every job but one (2x3: 1.0-1.7x MPI's choice; 3x2: 1.4-2.8x MPI's choice, 0.9-3.1x raw
+  // MPICH's ring, which auto ran there before); the one, at load 9-31, took 2x MPI's time at 4
+  // and 16 MiB and half of it at 12 MiB. At 1 MiB and below the load set the times: the hierarchy
+  // was 3x ahead of the ring in one run at 3x2 and half as fast in another, so auto keeps what it
+  // ran before there.
+  static constexpr int64_t kHierarchyFromBytes = int64_t{4} << 20;
 
   // MPI's own choice everywhere: what a backend without a communicator of its own uses.
   AllreduceAlgorithm() = default;
 
   // Collective over `comm` (every rank calls it, with its own `choice`): finds the variable,
   // counts the hosts (MPI_Comm_split_type, shared memory) and checks that every rank was given
-  // the same choice and found the same variable, so that every rank decides alike.
+  // the same choice and found the same variable, so that every rank decides alike. Under kAuto
+  // and kHierarchical, when every one of 2 or more hosts holds the same number (2 or more) of
+  // ranks, it also makes the communicators of the hierarchy (never freed: MPI_Finalize takes them).
   static Status Make(MPI_Comm comm, AllreduceChoice choice, AllreduceAlgorithm* algorithm);
 
-  // Whether an MPI_Allreduce of `bytes` should run as ring: the same answer on every rank, which
-  // knows the same bytes, ranks and hosts.
+  // Whether an allreduce of `bytes` should run as the hierarchy: the same answer on every rank.
+  bool UseHierarchy(int64_t bytes) const {
+    if (!hierarchy_available()) return false;
+    return choice_ == AllreduceChoice::kHierarchical || (choice_ == AllreduceChoice::kAuto && bytes >= kHierarchyFromBytes);
+  }
+  // Whether an MPI_Allreduce of `bytes` over all ranks should run as ring: the same answer on
+  // every rank, which knows the same bytes, ranks and hosts. kHierarchical where the hierarchy is
+  // not available falls back to what kAuto runs.
   bool UseRing(int64_t bytes) const {
     if (!ring_available_ || choice_ == AllreduceChoice::kMpi) return false;
     if (choice_ == AllreduceChoice::kRing) return true;
-    const bool power_of_two = (ranks_ & (ranks_ - 1)) == 0;
-    return hosts_ >= kRingFromHosts && bytes >= (power_of_two ? kRingFromBytesPowerOfTwo : kRingFromBytes);
+    return RingPays(ranks_, bytes);
   }
+  // Whether the hierarchy's allreduce of a `bytes` slice across the hosts should run as ring:
+  // the same answer on every rank of that allreduce (one rank per host, slices of one length).
+  bool UseRingAcross(int64_t bytes) const { return ring_available_ && RingPays(hosts_, bytes); }
   // Runs `allreduce` (which returns an MPI error code) with the variable set to ring, then puts
   // back the value it held. The variable is the process's: an MPI_Allreduce that another thread
   // of this process starts meanwhile runs as ring too.
@@ -61,7 +86,13 @@ class AllreduceAlgorithm {
   }
 
   bool ring_available() const { return ring_available_; }
+  bool hierarchy_available() const { return host_comm_ != MPI_COMM_NULL; }
   int hosts() const { return hosts_; }
+  int ranks_per_host() const { return ranks_per_host_; }
+  // The hierarchy's communicators: this rank's host, and the ranks of its local rank on every host.
+  MPI_Comm host_comm() const { return host_comm_; }
+  MPI_Comm across_comm() const { return across_comm_; }
+  int host_rank() const { return host_rank_; }
   // One line for the log: the choice, the hosts and what runs.
   std::string Describe() const;
 
@@ -73,6 +104,16 @@ class AllreduceAlgorithm {
   int ranks_ = 1;
   int hosts_ = 1;
   int ranks_per_host_ = 0;  // 0: hosts hold different numbers of ranks
+  MPI_Comm host_comm_ = MPI_COMM_NULL;    // null: no hierarchy
+  MPI_Comm across_comm_ = MPI_COMM_NULL;
+  int host_rank_ = 0;
+
+  // From how many bytes ring beats MPI's own choice over `ranks` ranks on kRingFromHosts or more
+  // hosts (kRingFromBytes above): over all ranks, or across hosts with one rank of each.
+  static int64_t RingFrom(int ranks) {
+    return (ranks & (ranks - 1)) == 0 ? kRingFromBytesPowerOfTwo : kRingFromBytes;
+  }
+  bool RingPays(int ranks, int64_t bytes) const { return hosts_ >= kRingFromHosts && bytes >= RingFrom(ranks); }
 };
 
 }  // namespace kerasdist

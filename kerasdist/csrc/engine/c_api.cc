@@ -94,7 +94,10 @@ const std::map<std::string, Setter>& Setters() {
        [](kerasdist::EngineOptions& o, const std::string& t) {
          using kerasdist::AllreduceChoice;
          static const std::map<std::string, AllreduceChoice> kChoices = {
-             {"mpi", AllreduceChoice::kMpi}, {"ring", AllreduceChoice::kRing}, {"auto", AllreduceChoice::kAuto}};
+             {"mpi", AllreduceChoice::kMpi},
+             {"ring", AllreduceChoice::kRing},
+             {"auto", AllreduceChoice::kAuto},
+             {"hierarchical", AllreduceChoice::kHierarchical}};
          auto choice = kChoices.find(t);
          if (choice == kChoices.end()) return false;
          o.allreduce_algorithm = choice->second;

@@ -26,8 +26,9 @@ enum class ReduceOp : uint8_t { kAverage = 0, kSum = 1, kMin = 2, kMax = 3, kPro
 // on another cannot meet in one collective (NCCL moves device memory, MPI host memory).
 enum class Device : uint8_t { kCpu = 0, kGpu = 1 };
 // Which algorithm the engine's MPI allreduces run (KERASDIST_ALLREDUCE_ALGORITHM): MPI's own
-// choice, MPICH's ring, or ring where the hosts and the size make it faster (allreduce_algorithm.h).
-enum class AllreduceChoice : uint8_t { kMpi = 0, kRing = 1, kAuto = 2 };
+// choice, MPICH's ring, ring or the hierarchy where the hosts and the size make them faster, or
+// the hierarchy (within hosts, across, within) wherever the layout allows it (allreduce_algorithm.h).
+enum class AllreduceChoice : uint8_t { kMpi = 0, kRing = 1, kAuto = 2, kHierarchical = 3 };
 
 using Clock = std::chrono::steady_clock;
 inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }

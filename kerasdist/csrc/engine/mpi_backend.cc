@@ -128,8 +128,10 @@ Status MpiBackend::Allreduce(const void* in, void* out, int64_t count, DataType 
                            ToMpiType(dtype), ToMpiOp(op, dtype), comm_);
     };
     int code;
-    if (halves) {
+    if (halves) {  // already reduce-scatter and allgather, at memory speed
       code = AllreduceHalves(piece_out, n, dtype, op, scale);
+    } else if (algorithm_.UseHierarchy(int64_t{n} * item_size)) {
+      code = AllreduceAcrossHosts(in_place ? piece_out : static_cast<const char*>(in) + at, piece_out, n, dtype, op);
     } else if (algorithm_.UseRing(int64_t{n} * item_size)) {  // the same pieces, so the same answer, on every rank
       code = algorithm_.RunAsRing(reduce);
     } else {
@@ -174,6 +176,38 @@ Status MpiBackend::Alltoall(const void* in, const std::vector<int64_t>& send_cou
   return MpiStatus(MPI_Alltoallv(in, scounts.data(), Displacements(scounts).data(), type, out, rcounts.data(),
                                  Displacements(rcounts).data(), type, comm_),
                    "alltoall", name);
+}
+
+int MpiBackend::AllreduceAcrossHosts(const void* in, void* out, int count, DataType dtype, ReduceOp op) {
+  const int local = algorithm_.ranks_per_host();
+  const int slice = count / local;
+  const int tail = count - slice * local;  // fewer than `local`: local rank 0 carries them across
+  const bool carries_tail = algorithm_.host_rank() == 0;
+  const int mine = slice + (carries_tail ? tail : 0);
+  const size_t item_size = DataTypeSize(dtype);
+  const size_t at = static_cast<size_t>(slice) * local * item_size;
+  slice_.resize(static_cast<size_t>(slice + tail) * item_size);
+  char* const tail_of_slice = slice_.data() + static_cast<size_t>(slice) * item_size;
+  const MPI_Comm host = algorithm_.host_comm();
+  const MPI_Datatype type = ToMpiType(dtype);
+  const MPI_Op mpi_op = ToMpiOp(op, dtype);
+  int code = MPI_Reduce_scatter_block(in, slice_.data(), slice, type, mpi_op, host);
+  if (code == MPI_SUCCESS && tail > 0) {
+    std::memcpy(tail_of_slice, static_cast<const char*>(in) + at, tail * item_size);
+    code = MPI_Reduce(carries_tail ? MPI_IN_PLACE : tail_of_slice, tail_of_slice, tail, type, mpi_op, 0, host);
+  }
+  if (code != MPI_SUCCESS) return code;
+  // Every rank of one allreduce across hosts has the same local rank, so the same `mine`.
+  const auto across = [&] {
+    return MPI_Allreduce(MPI_IN_PLACE, slice_.data(), mine, type, mpi_op, algorithm_.across_comm());
+  };
+  code = algorithm_.UseRingAcross(int64_t{mine} * static_cast<int64_t>(item_size)) ? algorithm_.RunAsRing(across)
+                                                                                      : across();
+  if (code == MPI_SUCCESS) code = MPI_Allgather(slice_.data(), slice, type, out, slice, type, host);
+  if (code != MPI_SUCCESS || tail == 0) return code;
+  char* const tail_out = static_cast<char*>(out) + at;
+  if (carries_tail) std::memcpy(tail_out, tail_of_slice, tail * item_size);
+  return MPI_Bcast(tail_out, tail, type, 0, host);
 }
 
 int MpiBackend::CombineChunks(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,

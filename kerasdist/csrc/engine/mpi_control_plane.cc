@@ -151,7 +151,9 @@ Status MakeMpiTransport(const EngineOptions& options, Transport* transport) {
   MPI_Comm_rank(comm, &rank);
   SetLogging(options.log_level, rank);  // as the engine will: this message is logged before it starts
   if (rank == 0) {
-    const bool unavailable = options.allreduce_algorithm == AllreduceChoice::kRing && !algorithm.ring_available();
+    const bool unavailable =
+        (options.allreduce_algorithm == AllreduceChoice::kRing && !algorithm.ring_available()) ||
+        (options.allreduce_algorithm == AllreduceChoice::kHierarchical && !algorithm.hierarchy_available());
     Log(unavailable ? 2 : 1, "%s", algorithm.Describe().c_str());
   }
   transport->control_plane = std::make_unique<MpiControlPlane>(comm);
