@@ -1,8 +1,8 @@
 """fit on one data set sharded by kerasdist.data, with Rank0Checkpoint(resume=True), for a job
 given notice to leave in the middle of an epoch, or offered more hosts while it trains.
 
-    notice_training.py DIR [--notice-ranks R ...] [--hosts-file PATH [--after-notice TEXT]
-                       [--offer TEXT --offer-attempt A]]
+    notice_training.py DIR [--notice-ranks R ...] [--slow] [--hosts-file PATH
+                       [--after-notice TEXT] [--offer TEXT --offer-attempt A]]
 
     --notice-ranks    on the first attempt these ranks send themselves the notice signal
                       (SIGUSR1) at the end of batch 1 of epoch 2
@@ -12,6 +12,8 @@ given notice to leave in the middle of an epoch, or offered more hosts while it 
     --offer           on attempt A (KERASDIST_RESTART), rank 0 writes TEXT there when epoch 2
                       begins (or resumes), and batches from then on take 0.3 s, so that the
                       launcher finds the hosts while the job trains
+    --slow            on the first attempt, batches from epoch 2 on take 0.3 s, so that a test
+                      can send a notice from outside while the job trains
 
 Each rank prints STARTED_AT=<time.time() once kerasdist is up>, ATTEMPT=<attempt> SIZE=<ranks>
 RESUMED_FROM=<epoch>/<batch> and, on the first attempt, BATCH_END=<rank> <epoch> <batch> after
@@ -39,6 +41,7 @@ parser.add_argument("--hosts-file")
 parser.add_argument("--after-notice")
 parser.add_argument("--offer")
 parser.add_argument("--offer-attempt", type=int, default=0)
+parser.add_argument("--slow", action="store_true")
 args = parser.parse_args()
 attempt = int(os.environ.get("KERASDIST_RESTART", "0"))
 EPOCHS, PER_RANK_BATCH, NOTICE_EPOCH, UPDATES_PER_EPOCH = 4, 4, 2, 6
@@ -55,6 +58,7 @@ def write_hosts(text):
 
 class Notice(keras.callbacks.Callback):
     offering = args.offer is not None and attempt == args.offer_attempt
+    slow = offering or (args.slow and attempt == 0)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -62,7 +66,7 @@ class Notice(keras.callbacks.Callback):
             write_hosts(args.offer)
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.offering and self._epoch >= NOTICE_EPOCH:
+        if self.slow and self._epoch >= NOTICE_EPOCH:
             time.sleep(0.3)
         if attempt == 0:
             print(f"BATCH_END={kd.rank()} {self._epoch} {batch}", flush=True)
