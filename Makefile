@@ -83,7 +83,7 @@ test: lint build
 	scripts/cluster_packages.sh install
 	$(RUN_ENV) $(PY) -m pytest -q --durations=20 -n 2 --dist loadfile --no-loadscope-reorder tests --ignore=tests/openmpi \
 	    --ignore=tests/install/test_other_tensorflow_release.py
-	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
+	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/test_docstring_examples.py
 	$(RUN_ENV) KERASDIST_FUSION_THRESHOLD=0 timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/collectives
 	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=ring timeout 300 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider \
@@ -227,8 +227,9 @@ bench: build
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/elastic.py --json $(RESULTS)/elastic.json
 	$(MAKE) --no-print-directory results-pages
 
-# The measurement tables of docs/performance.md, network.md and experiments.md, and the plots the
-# result files allow, from benchmarks/results/ alone (benchmarks/render.py); runs nothing else.
+# The measurement tables of docs/performance.md, network.md, experiments.md, scale.md and
+# reliability.md, and the plots the result files allow, from benchmarks/results/ alone
+# (benchmarks/render.py); runs nothing else.
 .PHONY: results-pages
 results-pages: venv
 	$(PY) benchmarks/render.py --plots
