@@ -225,16 +225,19 @@ def test_scancel_during_a_save_keeps_that_checkpoint_whole_and_leaves_no_process
         assert all((a == b).all() for a, b in zip(saved, expected, strict=True)), checkpoint
 
 
-def _requeue_recipe():
-    """The batch script of docs/reliability.md's Slurm section."""
+def _recipe(*, notice):
+    """The batch script of docs/reliability.md's Slurm section that requeues after a notice
+    (`#SBATCH --signal`), or the one Slurm requeues."""
     text = (REPO_ROOT / "docs" / "reliability.md").read_text()
     blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
-    [script] = [block for block in blocks if "#SBATCH --requeue" in block and "#SBATCH --signal" not in block]
+    [script] = [block for block in blocks if "#SBATCH --requeue" in block and ("#SBATCH --signal" in block) == notice]
     return script
 
 
-def test_a_requeued_batch_job_resumes_from_the_last_checkpoint(slurm_cluster, uninterrupted, tmp_path):
-    weights, _ = uninterrupted
+def _run_requeued(cluster, recipe, tmp_path, interrupt):
+    """Submits `recipe` training slowly from epoch 2, runs the Slurm command `interrupt` (+ job id)
+    once epoch 2 began, lets the requeued job start at once, and waits for its end: (the job's
+    fields, the output of both runs)."""
     marker = tmp_path / "epoch-2-step-1-done"
     # The recipe runs `.venv/bin/python train.py` in the directory it was submitted from.
     (tmp_path / ".venv").symlink_to(Path(PYTHON).parent.parent)
@@ -242,17 +245,22 @@ def test_a_requeued_batch_job_resumes_from_the_last_checkpoint(slurm_cluster, un
     (tmp_path / "train.py").write_text(
         f"import runpy, sys\nsys.argv = {training!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
     )
-    job_id, output = _sbatch(slurm_cluster, _requeue_recipe(), tmp_path)
+    job_id, output = _sbatch(cluster, recipe, tmp_path)
     try:
         _wait_for_file(marker, "epoch 2", output=output)
-        _slurm(slurm_cluster, "scontrol", "requeue", str(job_id))
+        _slurm(cluster, *interrupt, str(job_id))
         # Slurm holds a requeued job back for AuthInfo's cred_expire (120 s by default); let it go now.
-        _wait_for_state(slurm_cluster, job_id, {"PENDING"}, 60)
-        _slurm(slurm_cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        fields = _wait_for_state(slurm_cluster, job_id, FINAL_STATES, JOB_TIMEOUT_S)
+        _wait_for_state(cluster, job_id, {"PENDING"}, 60)
+        _slurm(cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        fields = _wait_for_state(cluster, job_id, FINAL_STATES, JOB_TIMEOUT_S)
     finally:
-        slurm_cluster.command(["scancel", str(job_id)])
-    text = output.read_text()  # both runs: the recipe appends (--open-mode=append)
+        cluster.command(["scancel", str(job_id)])
+    return fields, output.read_text()  # both runs: the recipes append (--open-mode=append)
+
+
+def test_a_requeued_batch_job_resumes_from_the_last_checkpoint(slurm_cluster, uninterrupted, tmp_path):
+    weights, _ = uninterrupted
+    fields, text = _run_requeued(slurm_cluster, _recipe(notice=False), tmp_path, ["scontrol", "requeue"])
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", f"{fields}\n{text}"
     assert "DUE TO JOB REQUEUE" in text, text
     assert sorted(_placements(text)) == [0, 1], text  # SLURM_RESTART_COUNT: 1 in the second run
@@ -417,13 +425,6 @@ def test_a_rank_killed_under_srun_ends_the_job(slurm_cluster, tmp_path):
     assert "WEIGHTS=" not in text, text
 
 
-def _notice_recipe():
-    """The batch script of docs/reliability.md's Slurm section that requeues itself after a notice."""
-    text = (REPO_ROOT / "docs" / "reliability.md").read_text()
-    [script] = [block for block in re.findall(r"```sh\n(.*?)```", text, re.S) if "#SBATCH --signal" in block]
-    return script
-
-
 def test_a_notice_from_scancel_checkpoints_the_step_and_the_job_requeues_itself_and_resumes_there(
     slurm_cluster, uninterrupted, tmp_path
 ):
@@ -432,22 +433,7 @@ def test_a_notice_from_scancel_checkpoints_the_step_and_the_job_requeues_itself_
     and the second run resumes inside epoch 2, where the first stopped, ending on the weights of a
     run never interrupted."""
     weights, _ = uninterrupted
-    marker = tmp_path / "epoch-2-step-1-done"
-    (tmp_path / ".venv").symlink_to(Path(PYTHON).parent.parent)
-    training = _training("checkpoints", "--slow-from-epoch", 2, "--marker", marker)[1:]
-    (tmp_path / "train.py").write_text(
-        f"import runpy, sys\nsys.argv = {training!r}\nrunpy.run_path(sys.argv[0], run_name='__main__')\n"
-    )
-    job_id, output = _sbatch(slurm_cluster, _notice_recipe(), tmp_path)
-    try:
-        _wait_for_file(marker, "epoch 2", output=output)
-        _slurm(slurm_cluster, "scancel", "--signal=USR1", str(job_id))
-        _wait_for_state(slurm_cluster, job_id, {"PENDING"}, 60)
-        _slurm(slurm_cluster, "scontrol", "update", f"JobId={job_id}", "StartTime=now")
-        fields = _wait_for_state(slurm_cluster, job_id, FINAL_STATES, JOB_TIMEOUT_S)
-    finally:
-        slurm_cluster.command(["scancel", str(job_id)])
-    text = output.read_text()
+    fields, text = _run_requeued(slurm_cluster, _recipe(notice=True), tmp_path, ["scancel", "--signal=USR1"])
     assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "1", f"{fields}\n{text}"
     assert "every rank stopped on notice after batch" in text, text
     [part_epoch] = [path.name for path in (tmp_path / "checkpoints").glob("epoch0003-batch*.keras")]
