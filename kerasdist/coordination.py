@@ -4,6 +4,7 @@
   the outcome, and an error there is raised on every rank instead of leaving the others waiting.
 - `metric_states_summed_over_ranks`: metrics hold the sum of their state over ranks, the state
   one process that had seen every rank's batches would hold.
+- `any_rank`: whether a flag is set on any rank.
 - `notice_received`: whether any rank was given notice to leave, for a loop of one's own.
 
 Equal step counts are agreed in `kerasdist.data.check_equal_steps`; what every rank must share
@@ -78,6 +79,13 @@ def metric_states_summed_over_ranks(metrics):
             variable.assign(own)
 
 
+def any_rank(flag, name):
+    """Whether `flag` is true on any rank: the same answer on every rank, through the collective
+    `name` (every rank calls it at the same point)."""
+    # Sum, not Max: a rank that has joined (uneven steps) can still take part in a Sum.
+    return bool(ops.allreduce(tf.constant(1.0 if flag else 0.0), op=ops.Sum, name=name).numpy() > 0)
+
+
 def notice_received():
     """Whether any rank was given notice to leave: the same answer on every rank, for a training
     loop of your own (`fit` with `kerasdist.callbacks()` checks for you).
@@ -108,11 +116,7 @@ def notice_received():
     """
     world = runtime.state()
     noticed_here = notice_state.received
-    anywhere = noticed_here
-    if world.size > 1:
-        # Sum, not Max: a rank that has joined (uneven steps) can still take part in a Sum.
-        flag = tf.constant(1.0 if noticed_here else 0.0)
-        anywhere = bool(ops.allreduce(flag, op=ops.Sum, name="kerasdist.notice_received").numpy() > 0)
+    anywhere = noticed_here if world.size == 1 else any_rank(noticed_here, "kerasdist.notice_received")
     if noticed_here and not notice_state.announced:
         notice_state.announced = True
         print(knobs.NOTICE_LINE.format(rank=world.rank, host=socket.gethostname()), file=sys.stderr, flush=True)

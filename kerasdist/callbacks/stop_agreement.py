@@ -6,7 +6,7 @@ import sys
 import keras
 import tensorflow as tf
 
-from kerasdist import _compat, knobs, notice, ops, runtime
+from kerasdist import _compat, coordination, knobs, notice, ops, runtime
 from kerasdist.notice import notice_state
 
 # Hooks that run before Keras's per-batch check of `stop_training`: a callback that overrides one
@@ -114,7 +114,7 @@ class StopAgreement(keras.callbacks.Callback):
                 self._notice_flags.agreed.assign(0.0)
         if runtime.state().size > 1:
             # Ranks may hold different callbacks (loggers on rank 0): all agree per batch if any must.
-            self._every_batch = self._any_rank(self._every_batch, "kerasdist.stop_agreement_per_batch")
+            self._every_batch = coordination.any_rank(self._every_batch, "kerasdist.stop_agreement_per_batch")
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -165,13 +165,8 @@ class StopAgreement(keras.callbacks.Callback):
         return flags[0] > 0, flags[1] > 0
 
     def _agree(self):
-        if runtime.state().size > 1 and self._any_rank(self.model.stop_training, "kerasdist.stop_training"):
+        if runtime.state().size > 1 and coordination.any_rank(self.model.stop_training, "kerasdist.stop_training"):
             self.model.stop_training = True
-
-    @staticmethod
-    def _any_rank(flag, name):
-        # Sum, not Max: a rank that has joined (uneven steps) can still take part in a Sum.
-        return ops.allreduce(tf.constant(1.0 if flag else 0.0), op=ops.Sum, name=name).numpy() > 0
 
 
 def _at_an_update_boundary(model):
