@@ -43,6 +43,9 @@ Configurations (k = backward_passes_per_step)
                 eigenvalue by power iteration (10 products at most, tolerance 1e-2); the first is
                 the reference, and k doubles when it has halved. With ABS's safeguard: it
                 doubles anyway after --curvature_safeguard (3) checks without growth.
+  curvature_unguarded
+                the same signal without the safeguard: k grows only when the eigenvalue has
+                halved (on digits it does; one run then gives both curvature rows).
                 (In every run so far, here and on 32,768 fixed rows, the eigenvalue never
                 halved by itself; without the safeguard the run is the baseline's, bit for bit.)
   fixed_large   k = 16 all along: batch --large_batch (1,024) at base x 8 (linear scaling, no
@@ -87,11 +90,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import results as result_files  # noqa: E402  (benchmarks/results.py)
 from large_batch import build_student, make_teacher_task  # noqa: E402  (the shared task)
 
-CONFIGS = ("fixed_small", "noise_scale", "curvature", "fixed_large")
+CONFIGS = ("fixed_small", "noise_scale", "curvature", "curvature_unguarded", "fixed_large")
+CURVATURE_CONFIGS = ("curvature", "curvature_unguarded")
 LABELS = {
     "fixed_small": "fixed small batch (baseline)",
     "noise_scale": "growth: noise scale",
-    "curvature": "growth: curvature",
+    "curvature": "growth: curvature, ABS safeguard",
+    "curvature_unguarded": "growth: curvature, no safeguard",
     "fixed_large": "fixed large batch",
 }
 # large_batch.py's task defaults; the split is generated in full, then the training rows are cut.
@@ -135,7 +140,13 @@ def parse_args(argv=None):
     parser.add_argument("--curvature_samples", type=int, default=2048)
     parser.add_argument("--width", type=int, default=256, help="student hidden width")
     parser.add_argument("--depth", type=int, default=3, help="student hidden layers")
-    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=CONFIGS,
+        default=None,
+        help="default: all; on the teacher task all but curvature_unguarded, which there is the baseline bit for bit",
+    )
     parser.add_argument(
         "--task",
         choices=tuple(INPUT_DIMS),
@@ -168,6 +179,8 @@ def parse_args(argv=None):
         args.pool = args.epoch_rows = DIGITS_SPLIT[0]
         args.micro_batch, args.max_batch, args.large_batch, args.epochs = 16, 512, 256, 30
         args.lr_grid, args.curvature_samples = [0.01, 0.03, 0.1], 512
+    if args.configs is None:
+        args.configs = [c for c in CONFIGS if args.task == "digits" or c != "curvature_unguarded"]
     if "fixed_small" not in args.configs:
         parser.error("--configs must include fixed_small: it is tuned and defines the targets")
     if args.start_passes < 2:
@@ -309,19 +322,20 @@ def compile_with(args, make_optimizer, input_dim=TASK["dim"]):
 
 
 def growth_callback(config, seed, x, y, args):
-    """The `AdaptiveBatchGrowth` of a growth configuration ("noise_scale" or "curvature"), whose
-    curvature sample is drawn from (x, y)."""
+    """The `AdaptiveBatchGrowth` of a growth configuration ("noise_scale", "curvature" or
+    "curvature_unguarded"), whose curvature sample is drawn from (x, y)."""
     curvature_data = None
-    if config == "curvature":
+    safeguard = {"noise_scale": args.noise_safeguard, "curvature": args.curvature_safeguard}.get(config)
+    if config in CURVATURE_CONFIGS:
         sample = np.random.default_rng(seed).choice(len(x), args.curvature_samples, replace=False)
         curvature_data = (x[sample], y[sample])
     return kerasdist.callbacks.AdaptiveBatchGrowth(
-        signal=config,
+        signal="noise_scale" if config == "noise_scale" else "curvature",
         batch_size=args.micro_batch,
         growth_factor=2,
         max_batch_size=args.max_batch,
         lr_scaling=args.lr_scaling,
-        max_epochs_without_growth=args.noise_safeguard if config == "noise_scale" else args.curvature_safeguard,
+        max_epochs_without_growth=safeguard,
         curvature_data=curvature_data,
     )
 
@@ -376,7 +390,7 @@ def train(config, base_rate, seed, data, args):
         )
     model = compile_student(args, rate, passes, INPUT_DIMS[args.task])
     x, y = data["train"]
-    growth = growth_callback(config, seed, x, y, args) if config in ("noise_scale", "curvature") else None
+    growth = growth_callback(config, seed, x, y, args) if config in ("noise_scale", *CURVATURE_CONFIGS) else None
     recorder = EpochRecorder(data, args.micro_batch)
     callbacks = kerasdist.callbacks(batch_growth=growth, extra=[keras.callbacks.TerminateOnNaN(), recorder])
     fit_stream(model, x, y, seed, callbacks, args, steps_per_epoch=args.epoch_rows // args.micro_batch)
@@ -433,33 +447,57 @@ def _fmt(value, spec):
     return "not reached" if value is None else format(value, spec)
 
 
-def results_table(results, targets, n_seeds):
-    names = list(targets)
+def configuration_label(config, args):
+    """A row's name in the tables: the batch and rate of a fixed large batch, the safeguard's
+    checks of a guarded curvature run."""
+    if config == "fixed_large":
+        return f"fixed batch {args.large_batch}, rate ×{args.large_batch // (args.micro_batch * args.start_passes)}"
+    if config == "fixed_small":
+        return f"fixed batch {args.micro_batch * args.start_passes} (baseline)"
+    if config == "curvature":
+        return f"{LABELS[config]} ({args.curvature_safeguard})"
+    return LABELS[config]
+
+
+def growths(runs):
+    """Growths by signal / forced by the safeguard, medians over the runs; – for a fixed batch."""
+    if not any(run["decisions"] for run in runs):
+        return "–"
+    by = {
+        reason: statistics.median(sum(d["reason"] == reason for d in run["decisions"]) for run in runs)
+        for reason in ("signal", "forced")
+    }
+    return f"{by['signal']:g} / {by['forced']:g}"
+
+
+def results_table(results, targets, n_seeds, args):
+    """Medians over the seeds: updates and training seconds to each target (with how many times
+    fewer updates than the baseline), in all, and the final accuracy."""
+    names = [f"{name[:-1]} %" for name in targets]
     head = (
         "| configuration | final batch | "
         + " | ".join(f"steps to {n} | s to {n}" for n in names)
-        + (" | steps (all) | s (all) | final test acc, median [min, max] | best test acc |")
+        + " | steps (all) | s (all) | final test acc, median [min, max] | growths by signal / forced |"
     )
-    lines = [head, "|---|---:|" + "---:|---:|" * len(names) + "---:|---:|---|---:|"]
+    lines = [head, "|---|---:|" + "---:|---:|" * len(names) + "---:|---:|---|---|"]
     base = results["fixed_small"]["summary"]
     for config, r in results.items():
         s = r["summary"]
         cells = []
-        for n in names:
+        for n in targets:
             t, b = s["to_target"][n], base["to_target"][n]
-            ratio = (
-                f" ({b['steps_median'] / t['steps_median']:.1f}x fewer)"
-                if config != "fixed_small" and t["steps_median"] and b["steps_median"]
-                else ""
-            )
-            reached = f" [{t['reached']}/{n_seeds}]" if t["reached"] < n_seeds else ""
+            ratio = ""
+            if config != "fixed_small" and t["steps_median"] and b["steps_median"]:
+                fewer = b["steps_median"] / t["steps_median"]
+                ratio = f" ({fewer:.1f}× fewer)" if fewer > 1 else f" ({fewer:.1f}×)"
+            reached = f" ({t['reached']} of {n_seeds} seeds)" if t["reached"] < n_seeds else ""
             cells += [f"{_fmt(t['steps_median'], '.0f')}{ratio}{reached}", _fmt(t["seconds_median"], ".0f")]
         div = f", {s['diverged_runs']} diverged" if s["diverged_runs"] else ""
         lines.append(
-            f"| {LABELS[config]} | {s['final_batch_median']:.0f} | "
+            f"| {configuration_label(config, args)} | {s['final_batch_median']:.0f} | "
             + " | ".join(cells)
             + f" | {s['steps_median']:.0f} | {s['seconds_median']:.0f} | {s['test_acc_median']:.4f} "
-            f"[{s['test_acc_min']:.4f}, {s['test_acc_max']:.4f}]{div} | {s['best_test_acc_median']:.4f} |"
+            f"[{s['test_acc_min']:.4f}, {s['test_acc_max']:.4f}]{div} | {growths(r['runs'])} |"
         )
     return "\n".join(lines)
 
@@ -509,7 +547,7 @@ def save_plot(results, targets, args, path):
             ax_batch.plot(epoch, [row["batch_size"] for row in rows], label=label, **style)
             ax_rate.plot(epoch, [row["learning_rate"] for row in rows], label=label, **style)
             ax_signal.plot(epoch, [row["noise_scale"] for row in rows], label=label, **style)
-            if config == "curvature":
+            if config in CURVATURE_CONFIGS:
                 ax_curv.plot(
                     epoch,
                     [row["hessian_top_eigenvalue"] for row in rows],
@@ -624,7 +662,7 @@ def main(args):
         )
         + "):\n"
     )
-    say(results_table(results, targets, args.seeds))
+    say(results_table(results, targets, args.seeds, args))
     say("\nGrowth decisions:\n")
     say(decisions_table(results))
     os.makedirs(args.out_dir, exist_ok=True)
@@ -648,7 +686,7 @@ def main(args):
         ],
         "results": results,
     }
-    tables = {"results": results_table(results, targets, args.seeds), "decisions": decisions_table(results)}
+    tables = {"results": results_table(results, targets, args.seeds, args), "decisions": decisions_table(results)}
     json_path = args.json or os.path.join(args.out_dir, "batch_growth.json")
     laid_out = {key: result_files.markdown_tables(table)[0] for key, table in tables.items()}
     result_files.write(json_path, result_files.finish_run(run_header, **out, tables=laid_out))
