@@ -49,6 +49,14 @@ N cores, N ranks of one thread against one process of one thread is the fair
 comparison: each rank has a core, as the single process had. kerasdist's engine
 thread is extra; it sleeps while no collective is pending.
 
+Settings (--settings): kerasdist-1 and kerasdist-N once per setting, each a group of environment
+variables ("KERASDIST_BUCKET_BYTES=0", "KERASDIST_MALLOC=off KERASDIST_BUCKET_BYTES=0"), in the
+same rounds as one plain and one independent-N, so that every setting meets the same load and
+the same baselines. The result file holds each setting's summary and a table of them ("settings"):
+
+  .venv/bin/python benchmarks/keras_scaling.py --settings KERASDIST_BUCKET_BYTES=0 \
+      KERASDIST_BUCKET_BYTES=auto --json benchmarks/results/keras_scaling_buckets.json
+
 Thread pools (--thread_pools): what a user gets who sets no thread variables.
 Every process starts with OMP_NUM_THREADS, TF_NUM_INTRAOP_THREADS and
 TF_NUM_INTEROP_THREADS unset, and three configurations take turns:
@@ -66,6 +74,7 @@ benchmark with its output and a non-zero exit.
 import json
 import os
 import pathlib
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -104,6 +113,13 @@ THREAD_POOLS = flags.DEFINE_bool(
     False,
     "Instead of the scaling table, compare TensorFlow's own "
     "thread pools with the ones kerasdist.init() sizes (see the docstring).",
+)
+
+SETTINGS = flags.DEFINE_multi_string(
+    "settings",
+    None,
+    "Environment settings to run kerasdist-1 and kerasdist-N under, each 'NAME=VALUE [NAME=VALUE ...]', "
+    "in the same rounds (see the docstring).",
 )
 
 PLAIN, KERASDIST_1, KERASDIST_N, INDEPENDENT_N = "plain", "kerasdist-1", "kerasdist-N", "independent-N"
@@ -338,9 +354,98 @@ def compare_thread_pools():
     }
 
 
+def setting_environment(setting):
+    """The variables of one --settings entry, as a dict; a word without '=' is refused by name."""
+    words = shlex.split(setting)
+    wrong = [word for word in words if "=" not in word]
+    if not words or wrong:
+        raise app.UsageError(f"--settings {setting!r}: expected NAME=VALUE words, got {wrong or 'nothing'}")
+    return dict(word.split("=", 1) for word in words)
+
+
+def compare_settings():
+    """The --settings comparison: per setting, the summary of plain, kerasdist-1 and kerasdist-N
+    under it and independent-N, all from the same rounds; returns what goes into the JSON."""
+    every, base_env = commands(), thread_environment()
+    configurations = {PLAIN: every[PLAIN], INDEPENDENT_N: every[INDEPENDENT_N]}
+    environments = {PLAIN: base_env, INDEPENDENT_N: base_env}
+    # configuration label -> (its setting, or None for the shared baselines; what it stands for)
+    under = {PLAIN: (None, PLAIN), INDEPENDENT_N: (None, INDEPENDENT_N)}
+    for setting in SETTINGS.value:
+        variables = setting_environment(setting)
+        for name in (KERASDIST_1, KERASDIST_N):
+            label = f"{name} [{setting}]"
+            configurations[label], environments[label] = every[name], {**base_env, **variables}
+            under[label] = (setting, name)
+    print(
+        f"{MODEL.value}, batch {BATCH_SIZE.value} per rank, {os.cpu_count()} CPU(s); {ROUNDS.value} rounds of "
+        f"{', '.join(configurations)} (N = {RANKS.value})",
+        flush=True,
+    )
+    runs = run_rounds(configurations, environments)
+    names = [PLAIN, KERASDIST_1, KERASDIST_N, INDEPENDENT_N]
+    summaries = {}
+    for setting in SETTINGS.value:
+        mine = [
+            {**run, "configuration": under[run["configuration"]][1]}
+            for run in runs
+            if under[run["configuration"]][0] in (None, setting)
+        ]
+        summaries[setting] = summarize(mine, names)
+        print(f"\n== {setting}")
+        print_summary(summaries[setting], names)
+    return {
+        "commands": {name: " ".join(command) for name, command in every.items()},
+        "settings": summaries,
+        "runs": runs,
+        "tables": {"settings": settings_table(summaries)},
+    }
+
+
+def settings_table(summaries):
+    """One row per setting: kerasdist-N's throughput (median, range over rounds) and CPU per
+    step, and the ratios (medians; per round; by CPU time)."""
+    n = RANKS.value
+    rows = []
+    for setting, summary in summaries.items():
+        throughput, ratios_of = summary["images_per_second"], summary["ratios"]
+        rows.append(
+            [
+                f"`{setting}`",
+                f"{throughput['median'][KERASDIST_N]:.0f} ({throughput['worst'][KERASDIST_N]:.0f}–"
+                f"{throughput['best'][KERASDIST_N]:.0f})",
+                f"{summary['cpu_ms_per_step_per_rank'][KERASDIST_N]:.1f}",
+                f"{summary['engine_ms_per_step']['cycles']:.1f}",
+                *(f"{ratios_of[way]['efficiency_vs_kerasdist_1']:.3f}" for way in ("median", "per round", "CPU time")),
+                f"{ratios_of['median']['ceiling_efficiency']:.3f}",
+                f"{ratios_of['median']['size1_overhead']:+.1%}".replace("-", "−"),
+            ]
+        )
+    columns = [
+        "setting",
+        f"kerasdist, {n} ranks: img/s, median (range over rounds)",
+        "CPU ms/step/rank",
+        "engine cycles per step",
+        f"E({n}) median",
+        "per round",
+        "by CPU time",
+        f"ceiling E({n})",
+        "size-1 overhead",
+    ]
+    return {"columns": columns, "rows": rows}
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    if SETTINGS.value:
+        run = result_files.start_run("keras_settings")
+        result = compare_settings()
+        result_files.write(
+            JSON_PATH.value, result_files.finish_run(run, model=MODEL.value, ranks=RANKS.value, **result)
+        )
+        print(f"wrote {JSON_PATH.value}")
+        return
     run = result_files.start_run("keras_thread_pools" if THREAD_POOLS.value else "keras_scaling")
     if THREAD_POOLS.value:
         result = compare_thread_pools()
