@@ -13,7 +13,7 @@ NCCL_VENV := .venv-nccl
 NCCL_PY := $(NCCL_VENV)/bin/python
 PACKAGE_SOURCES := $(wildcard kerasdist/*.py kerasdist/*/*.py kerasdist/*/*/*.py)
 
-.PHONY: venv build lint docs test soak demo bench bench-net build-nccl test-nccl build-openmpi test-openmpi test-install cluster-packages clean
+.PHONY: venv build lint docs test soak demo bench bench-experiments bench-net build-nccl test-nccl build-openmpi test-openmpi test-install cluster-packages clean
 
 venv: $(VENV)/.editable
 
@@ -207,6 +207,8 @@ demo: build
 # and plots of docs/performance.md and docs/network.md are made anew from those files.
 # scale_counts counts the engine's MPI calls at 2-128 ranks (oversubscribed: counts, not times);
 # scale_model fits docs/scale.md's model to the result files and measures nothing.
+# keras_scaling --settings: gradient buckets, and malloc's thresholds, against the same baselines;
+# digits_methods: what local SGD, delayed and 1-bit gradients cost in accuracy (2 ranks, 3 seeds).
 RESULTS := benchmarks/results
 bench: build
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --json $(RESULTS)/allreduce.json
@@ -225,6 +227,28 @@ bench: build
 	$(RUN_ENV) timeout 900 $(PY) benchmarks/scale_counts.py --json $(RESULTS)/scale_counts.json
 	timeout 300 $(PY) benchmarks/scale_model.py --json $(RESULTS)/scale_model.json
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/elastic.py --json $(RESULTS)/elastic.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/keras_scaling.py --settings KERASDIST_BUCKET_BYTES=0 \
+	    --settings KERASDIST_BUCKET_BYTES=auto --settings KERASDIST_BUCKET_BYTES=65536 \
+	    --json $(RESULTS)/keras_scaling_buckets.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/keras_scaling.py \
+	    --settings "KERASDIST_MALLOC=auto KERASDIST_BUCKET_BYTES=65536" --settings "KERASDIST_MALLOC=off KERASDIST_BUCKET_BYTES=65536" \
+	    --settings "KERASDIST_MALLOC=auto KERASDIST_BUCKET_BYTES=0" --settings "KERASDIST_MALLOC=off KERASDIST_BUCKET_BYTES=0" \
+	    --json $(RESULTS)/memory_between_steps.json
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/network_allreduce.py --only compression --compression_sizes_kib 16384 \
+	    --repeats 7 --json $(RESULTS)/network_allreduce_one_host_16bit.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/digits_methods.py --json $(RESULTS)/digits_methods.json
+	$(MAKE) --no-print-directory results-pages
+
+# The one-host training experiments of docs/experiments.md: accuracy against the batch size at a
+# fixed epoch budget (16x; 32x and 64x), and batch growth (generated task; digits). Seeded: their
+# accuracies do not depend on the machine's load, their seconds do. ~50 min on 2 idle cores, so
+# not part of make bench. Each writes its result file; then the pages are made anew.
+bench-experiments: build
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/large_batch.py --batch_scales 16 --n_train 65536 --epochs 10 --warmup_epochs 2 \
+	    --methods sgd_small sgd_scaled sgd_scaled_warmup lars lamb --jobs 2 --json $(RESULTS)/large_batch_16x.json
+	$(RUN_ENV) timeout 3600 $(PY) benchmarks/large_batch.py --jobs 2 --json $(RESULTS)/large_batch.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth.py --json $(RESULTS)/batch_growth.json
+	$(RUN_ENV) timeout 1200 $(PY) benchmarks/batch_growth.py --task digits --json $(RESULTS)/batch_growth_digits.json
 	$(MAKE) --no-print-directory results-pages
 
 # The measurement tables of docs/performance.md, network.md, experiments.md, scale.md and
