@@ -368,6 +368,93 @@ def print_overlap_table(runs, links):
                 )
 
 
+def median_over_rounds(runs, model, label, configuration, key="step_ms"):
+    """The median of ``key`` over the rounds of one 2-host configuration (NaN if it did not run)."""
+    values = [
+        r[key]
+        for r in runs
+        if r["model"] == model
+        and r["link"] == label
+        and r.get("configuration") == configuration
+        and r.get(key) is not None
+    ]
+    return statistics.median(values) if values else float("nan")
+
+
+# The slow-link methods as the methods table names them, in its order.
+METHOD_COLUMNS = {
+    "kerasdist": "synchronous",
+    "fp16 gradients": "fp16",
+    "delayed gradients": "delayed",
+    "1-bit gradients": "1-bit",
+    **{f"average every {n}": f"average every {n}" for n in ARGS.average_models_every},
+    "no communication": "apart",
+}
+
+
+def print_methods_table(runs, links):
+    print("\n### Slow-link methods: wall ms per step, MPI ms per step in brackets, medians over rounds\n")
+    shown = [c for c in METHOD_COLUMNS if any(r.get("configuration") == c for r in runs)]
+    print("| model | link | " + " | ".join(METHOD_COLUMNS[c] for c in shown) + " | one process |")
+    print("|---|---|" + "---|" * (len(shown) + 1))
+    for model in ARGS.models:
+        alone = [r["step_ms"] for r in runs if r["model"] == model and r["link"] == "one process"]
+        for index, (label, _) in enumerate(links):
+            cells = []
+            for configuration in shown:
+                step = median_over_rounds(runs, model, label, configuration)
+                comm = median_over_rounds(runs, model, label, configuration, "communication_ms_per_step")
+                cells.append(f"{step:.1f}" + ("" if math.isnan(comm) else f" [{comm:.1f}]"))
+            one_process = f"{statistics.median(alone):.1f}" if index == 0 and alone else ""
+            print(f"| {model} | {label} | " + " | ".join(cells) + f" | {one_process} |")
+
+
+def print_bucket_table(runs, links):
+    print("\n### Gradient bucket sizes: collective requests and ms per step, medians over rounds\n")
+    settings = {
+        "buckets off": "0 (off)",
+        "kerasdist": "auto",
+        **{f"buckets {mb:g} MiB": f"{mb:g}" for mb in ARGS.bucket_mb},
+    }
+    print("| model | link | `--bucket-mb` | requests per step | step | MPI | exposed | hidden share |")
+    print("|---|---|---|---|---|---|---|---|")
+    for model in ARGS.models:
+        for label, _ in links:
+            apart = median_over_rounds(runs, model, label, "no communication")
+            for configuration, shown in settings.items():
+                step = median_over_rounds(runs, model, label, configuration)
+                if math.isnan(step):
+                    continue  # not run (--configs)
+                requests = median_over_rounds(runs, model, label, configuration, "requests_per_step")
+                comm = median_over_rounds(runs, model, label, configuration, "communication_ms_per_step")
+                exposed = step - apart
+                print(
+                    f"| {model} | {label} | {shown} | {requests:.2f} | {step:.1f} | {comm:.1f} | "
+                    + ("— | — |" if math.isnan(apart) else f"{exposed:.1f} | {1 - exposed / comm:.2f} |")
+                )
+
+
+def print_phase_table(label, results):
+    print(
+        f"\n### {label}: where kerasdist's time per op goes (Sum), µs per op, mean of the two ranks: the "
+        "engine thread's phases (kerasdist.engine_times()); outside: the rest of the op's wall time\n"
+    )
+    columns = ["raw MPI", "kerasdist", "negotiation", "transfer (MPI)", "hand back", "outputs + other"]
+    print("| Sum | " + " | ".join(columns) + " | outside the engine |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in results["sizes"]:
+        if row["op"] != "Sum":
+            continue
+        phases = row["phases_s"]
+        rest = phases["outputs"] + phases["other"] + phases["copy_in"] + phases["slow_path"]
+        cells = [row["raw_s"], row["ours_s"], phases["negotiation"], phases["transfer"], phases["hand_back"], rest]
+        print(
+            f"| {human(row['bytes'])} | "
+            + " | ".join(f"{value * 1e6:.1f} µs" for value in cells)
+            + f" | {phases['outside'] * 1e6:.1f} µs |"
+        )
+
+
 def printed_tables(print_them, keys):
     """Runs ``print_them``, prints what it printed, and returns its markdown tables under ``keys``."""
     with contextlib.redirect_stdout(io.StringIO()) as text:
@@ -405,12 +492,22 @@ def main():
                     [f"allreduce {label}", f"fusion {label}", f"compression {label}"],
                 )
             )
+            tables.update(
+                printed_tables(
+                    lambda label=label, data=data: print_phase_table(label, data["allreduce"]), [f"phases {label}"]
+                )
+            )
     if results["training"]:
         tables.update(
             printed_tables(lambda: print_training_table(results["training"], links, link_gbits), ["training"])
         )
         if "overlap" not in ARGS.skip:
             tables.update(printed_tables(lambda: print_overlap_table(results["training"], links), ["overlap"]))
+        methods = set(METHOD_COLUMNS) - {"kerasdist", "no communication"}
+        if any(r.get("configuration") in methods for r in results["training"]):
+            tables.update(printed_tables(lambda: print_methods_table(results["training"], links), ["methods"]))
+        if ARGS.bucket_mb:
+            tables.update(printed_tables(lambda: print_bucket_table(results["training"], links), ["bucket sizes"]))
     path = result_files.write(ARGS.json, result_files.finish_run(run_header, **results, tables=tables))
     print(f"\nwrote {path}")
 

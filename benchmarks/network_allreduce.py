@@ -22,6 +22,14 @@ Sections (--only):
                raw16: the MPI calls alone of a 16-bit reduction of the same tensor (Alltoall,
                then Allgather, of half the bytes), what compression can save at most.
 
+Rank 0 writes a result file to --json (benchmarks/results.py: the run's header, then the
+sections' rows, and the compression section's table as "tables": {"compression": ...}). On one
+host, `make bench` measures the compression section into
+benchmarks/results/network_allreduce_one_host_16bit.json:
+
+  .venv/bin/mpiexec -n 2 .venv/bin/python benchmarks/network_allreduce.py --only compression \
+      --compression_sizes_kib 16384 --repeats 7 --json benchmarks/results/network_allreduce_one_host_16bit.json
+
 Timing (benchmarks/timing.py, shared with allreduce.py): each case runs N times back to back (N
 calibrated to about --target_ms); time per op is the slowest rank's time / N; cases alternate
 within each of --repeats repeats and the median is reported, with the range of the per-repeat
@@ -31,7 +39,6 @@ costs of negotiating and handing results back.
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -51,7 +58,7 @@ def parse_args():
     parser.add_argument("--target_ms", type=float, default=200.0)
     parser.add_argument("--min_iters", type=int, default=2)
     parser.add_argument("--max_iters", type=int, default=2000)
-    parser.add_argument("--json", default=None, help="rank 0 writes the results here")
+    parser.add_argument("--json", default=None, help="rank 0 writes the result file here")
     return parser.parse_args()
 
 
@@ -67,6 +74,7 @@ tf.config.threading.set_inter_op_parallelism_threads(1)
 import kerasdist as kd  # noqa: E402
 
 kd.init()
+import results as result_files  # noqa: E402  (benchmarks/results.py)
 from mpi4py import MPI  # noqa: E402  (after kerasdist, which starts MPI)
 from timing import (  # noqa: E402  (benchmarks/timing.py)
     FUSION_TUNING_STEPS,
@@ -238,12 +246,42 @@ def bench_compression():
             cases[name] = lambda n, x=x, c=compression: chained_compressed(x, tf.constant(n), c)
         results = compare(cases)
         row = {"bytes": elems * 4, **{name: r["op_s"] for name, r in results.items()}}
+        for name in ("fp16", "bf16"):  # the 16-bit time against float32's, per repeat: the cost or the gain
+            per_repeat = [a / b for a, b in zip(results[name]["samples"], results["none"]["samples"])]
+            row[f"{name}_over_none"] = results[name]["op_s"] / results["none"]["op_s"]
+            row[f"{name}_over_none_range"] = [min(per_repeat), max(per_repeat)]
         rows.append(row)
         say(f"  {human(elems * 4):>8}: " + "  ".join(f"{name} {r['op_s'] * 1e3:.2f}" for name, r in results.items()))
     return rows
 
 
+def compression_table(rows):
+    """The compression rows laid out for a page: ms per op, and each 16-bit time over float32's."""
+
+    def ratio(row, name):
+        low, high = row[f"{name}_over_none_range"]
+        return f"{row[f'{name}_over_none']:.2f} ({low:.2f}–{high:.2f})"
+
+    columns = [
+        "Average of float32",
+        "raw MPI float32 (Sum)",
+        "raw MPI, 16-bit calls only",
+        "none",
+        "fp16",
+        "bf16",
+        "fp16 time / none (range over repeats)",
+        "bf16 time / none (range over repeats)",
+    ]
+    cells = [
+        [human(row["bytes"]), *(f"{row[name] * 1e3:.2f} ms" for name in ("raw", "raw16", "none", "fp16", "bf16"))]
+        + [ratio(row, "fp16"), ratio(row, "bf16")]
+        for row in rows
+    ]
+    return {"columns": columns, "rows": cells}
+
+
 def main():
+    run = result_files.start_run("network_allreduce", launcher=("mpiexec", "-n", str(SIZE)))
     say(
         f"network_allreduce: {SIZE} ranks, {MPI.Get_library_version().splitlines()[0].strip()}, "
         f"UCX_TLS={os.environ.get('UCX_TLS', 'unset')}"
@@ -255,9 +293,10 @@ def main():
         results["many"] = bench_many()
     if "compression" in ARGS.only:
         results["compression"] = bench_compression()
+    if "compression" in results:
+        results["tables"] = {"compression": compression_table(results["compression"])}
     if RANK == 0 and ARGS.json:
-        with open(ARGS.json, "w") as f:
-            json.dump(results, f, indent=2)
+        result_files.write(ARGS.json, result_files.finish_run(run, **results))
     return 0
 
 
