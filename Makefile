@@ -266,8 +266,9 @@ results-pages: venv
 # noise-scale growth on two hosts at 1 Gbit/s,
 # then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging), their
 # step times on both links (network_methods), and gradient buckets against the step over 50 Mbit/s
-# (network_overlap; per bucket size: network_bucket_sizes); ~2.5 h. Each writes its result file to benchmarks/results/; then the tables of docs/network.md
-# and (growth) docs/experiments.md are made anew from those files.
+# (network_overlap; per bucket size: network_bucket_sizes); ~2.5 h. Each writes its result file to
+# benchmarks/results/; then the tables of docs/network.md and (growth) docs/experiments.md are made
+# anew from those files.
 bench-net: build
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py --json $(RESULTS)/network.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/fusion_tuning.py --json $(RESULTS)/fusion_tuning.json
