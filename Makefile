@@ -208,7 +208,8 @@ demo: build
 # scale_counts counts the engine's MPI calls at 2-128 ranks (oversubscribed: counts, not times);
 # scale_model fits docs/scale.md's model to the result files and measures nothing.
 # keras_scaling --settings: gradient buckets, and malloc's thresholds, against the same baselines;
-# digits_methods: what local SGD, delayed and 1-bit gradients cost in accuracy (2 ranks, 3 seeds).
+# digits_methods: what local SGD, delayed and 1-bit gradients cost in accuracy (2 ranks, 3 seeds);
+# call_per_step: allreduce when Python calls a tf.function per op or per step.
 RESULTS := benchmarks/results
 bench: build
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) benchmarks/allreduce.py --json $(RESULTS)/allreduce.json
@@ -237,6 +238,7 @@ bench: build
 	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/network_allreduce.py --only compression --compression_sizes_kib 16384 \
 	    --repeats 7 --json $(RESULTS)/network_allreduce_one_host_16bit.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/digits_methods.py --json $(RESULTS)/digits_methods.json
+	$(RUN_ENV) timeout 600 $(MPIEXEC) -n 2 $(PY) benchmarks/call_per_step.py --json $(RESULTS)/call_per_step.json
 	$(MAKE) --no-print-directory results-pages
 
 # The one-host training experiments of docs/experiments.md: accuracy against the batch size at a

@@ -281,7 +281,7 @@ def compression_table(rows):
 
 
 def main():
-    run = result_files.start_run("network_allreduce", launcher=("mpiexec", "-n", str(SIZE)))
+    run = result_files.start_run("network_allreduce", launcher=("mpiexec", "-n", str(SIZE))) if RANK == 0 else None
     say(
         f"network_allreduce: {SIZE} ranks, {MPI.Get_library_version().splitlines()[0].strip()}, "
         f"UCX_TLS={os.environ.get('UCX_TLS', 'unset')}"
