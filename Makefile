@@ -267,10 +267,10 @@ results-pages: venv
 # flat allreduce (scale_hierarchical; then the scale model anew), then fixed batch against
 # noise-scale growth on two hosts at 1 Gbit/s,
 # then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging), their
-# step times on both links (network_methods), and gradient buckets against the step over 50 Mbit/s
-# (network_overlap; per bucket size: network_bucket_sizes); ~2.5 h. Each writes its result file to
-# benchmarks/results/; then the tables of docs/network.md and (growth) docs/experiments.md are made
-# anew from those files.
+# step times on both links (network_methods; the engine's phases per allreduce: network_phases),
+# and gradient buckets against the step over 50 Mbit/s (network_overlap; per bucket size:
+# network_bucket_sizes); ~2.5 h. Each writes its result file to benchmarks/results/; then the
+# tables of docs/network.md and (growth) docs/experiments.md are made anew from those files.
 bench-net: build
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py --json $(RESULTS)/network.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/fusion_tuning.py --json $(RESULTS)/fusion_tuning.json
@@ -282,6 +282,7 @@ bench-net: build
 	timeout 300 $(PY) benchmarks/scale_model.py --json $(RESULTS)/scale_model.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/batch_growth_cluster.py --json $(RESULTS)/batch_growth_cluster.json
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/slow_links_cluster.py --json $(RESULTS)/slow_links_cluster.json
+	$(RUN_ENV) timeout 1800 $(PY) benchmarks/network.py --skip training --json $(RESULTS)/network_phases.json
 	$(RUN_ENV) timeout 3600 $(PY) benchmarks/network.py --models cifar_resnet20 small_cnn mlp --skip allreduce --rounds 1 \
 	    --num_iters 3 --configs kerasdist 'fp16 gradients' 'delayed gradients' '1-bit gradients' 'average every 4' \
 	    'average every 16' 'no communication' --json $(RESULTS)/network_methods.json
