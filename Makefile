@@ -243,7 +243,7 @@ bench: build
 
 # The one-host training experiments of docs/experiments.md: accuracy against the batch size at a
 # fixed epoch budget (16x; 32x and 64x), and batch growth (generated task; digits). Seeded: their
-# accuracies do not depend on the machine's load, their seconds do. ~50 min on 2 idle cores, so
+# accuracies do not depend on the machine's load, their seconds do. ~30 min on 2 cores, so
 # not part of make bench. Each writes its result file; then the pages are made anew.
 bench-experiments: build
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/large_batch.py --batch_scales 16 --n_train 65536 --epochs 10 --warmup_epochs 2 \
