@@ -434,10 +434,22 @@ def print_bucket_table(runs, links):
                 )
 
 
+def time_cell(seconds):
+    """µs below a millisecond, else ms, 2-3 significant digits (as the pages' other phase tables);
+    a phase the op never spent time in is "—" ("outside" is 0 when the engine's phases, a mean of
+    the ranks, fill the slowest rank's time per op)."""
+    if seconds <= 0:
+        return "—"
+    micros = seconds * 1e6
+    if micros < 1000:
+        return f"{micros:.1f} µs" if micros < 10 else f"{micros:.0f} µs"
+    return f"{micros / 1e3:.2f} ms" if micros < 1e4 else f"{micros / 1e3:.1f} ms"
+
+
 def print_phase_table(label, results):
     print(
         f"\n### {label}: where kerasdist's time per op goes (Sum), µs per op, mean of the two ranks: the "
-        "engine thread's phases (kerasdist.engine_times()); outside: the rest of the op's wall time\n"
+        "engine thread's phases (kerasdist.engine_times()); outside: the rest of the op's wall time, — if none\n"
     )
     columns = ["raw MPI", "kerasdist", "negotiation", "transfer (MPI)", "hand back", "outputs + other"]
     print("| Sum | " + " | ".join(columns) + " | outside the engine |")
@@ -449,9 +461,7 @@ def print_phase_table(label, results):
         rest = phases["outputs"] + phases["other"] + phases["copy_in"] + phases["slow_path"]
         cells = [row["raw_s"], row["ours_s"], phases["negotiation"], phases["transfer"], phases["hand_back"], rest]
         print(
-            f"| {human(row['bytes'])} | "
-            + " | ".join(f"{value * 1e6:.1f} µs" for value in cells)
-            + f" | {phases['outside'] * 1e6:.1f} µs |"
+            f"| {human(row['bytes'])} | " + " | ".join(time_cell(value) for value in [*cells, phases["outside"]]) + " |"
         )
 
 
