@@ -513,7 +513,7 @@ def summary_network():
         ]
     ]
     for row in overlap["tables"]["overlap"]["rows"]:
-        if row[2].startswith("automatic"):
+        if row[2].startswith(("automatic", "default")):  # the default buckets, as recorded and as network.py names them
             rows.append(
                 [
                     f"share of the communication that gradient buckets hide, {row[0]} over {row[1]}",

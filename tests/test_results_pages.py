@@ -322,3 +322,15 @@ def test_points_against_the_baseline_are_the_medians_difference():
         points = [round(100 * (median - base), 1) for median, base in zip(medians, baseline)]
         shown = " | ".join(f"{point:+.1f}".replace("-", "−") for point in points)
         assert f"| {' | '.join(row)} | {shown} |" in body, (row, shown)
+
+
+def test_the_network_summary_gives_the_hidden_share_of_each_model_with_default_buckets():
+    # network.py names the default "default (KERASDIST_BUCKET_BYTES)"; the summary once matched
+    # only the transcribed file's "automatic (8)" and dropped these rows without a word.
+    overlap = json.loads((ROOT / "benchmarks" / "results" / "network_overlap.json").read_text())["tables"]["overlap"]
+    defaults = [row for row in overlap["rows"] if row[2] != "buckets off"]
+    assert defaults, overlap["rows"]
+    summary, _ = render.summary_network()
+    for row in defaults:
+        model, link, share = row[0], row[1], row[-1].strip("*")
+        assert f"| share of the communication that gradient buckets hide, {model} over {link} | {share} |" in summary
