@@ -31,7 +31,6 @@ measurement and the tables as printed.
 
 import argparse
 import contextlib
-import datetime
 import io
 import json
 import math
@@ -475,10 +474,10 @@ def printed_tables(print_them, keys):
 
 def main():
     run_header = result_files.start_run("network")
-    started = datetime.datetime.now().isoformat(timespec="seconds")
+    started = run_header["date"]
     links = [(ARGS.rate.replace("gbit", " Gbit").replace("mbit", " Mbit"), ARGS.rate)]
     links += [] if "unshaped" in ARGS.skip else [("unshaped", UNSHAPED)]
-    results = {"date": started, "cpus": os.cpu_count(), "links": {}, "training": []}
+    results = {"cpus": os.cpu_count(), "links": {}, "training": []}  # the header holds the date, in UTC
     with two_hosts(ARGS.job_timeout_s) as cluster:
         for label, rate in links:
             cluster.shape(rate)
