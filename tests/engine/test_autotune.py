@@ -19,7 +19,8 @@ pytestmark = [
     ),
 ]
 TIMED = re.compile(
-    r"tuning: allreduce algorithms timed over 8 cycles each: auto [\d.]+ GB/s, mpi [\d.]+ GB/s; keeping (auto|mpi)"
+    r"tuning: allreduce algorithms timed over 8 cycles each: auto [\d.]+ GB/s \(1\.00 of the time\), "
+    r"mpi [\d.]+ GB/s \([\d.]+ of the time\); keeping (auto|mpi)"
 )
 
 

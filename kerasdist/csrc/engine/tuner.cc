@@ -84,12 +84,20 @@ void Tuner::Record(int setting, int64_t allreduce_bytes, int64_t fused_bytes, do
 }
 
 void Tuner::Decide() {
-  std::vector<double> medians;
+  std::vector<double> medians, ratios = {1.0};
   for (const auto& samples : seconds_per_byte_) medians.push_back(Median(samples));
-  // The configured candidate (0) stays unless another is clearly faster.
+  // Each candidate against the configured one (0) round by round: the cycles of one round ran
+  // close together, so a slow spell of the machine slows all of a round's alike and its ratios
+  // less than the times themselves.
+  for (size_t c = 1; c < seconds_per_byte_.size(); ++c) {
+    std::vector<double> per_round;
+    for (int r = 0; r < kRounds; ++r) per_round.push_back(seconds_per_byte_[c][r] / seconds_per_byte_[0][r]);
+    ratios.push_back(Median(per_round));
+  }
+  // The configured candidate stays unless another is clearly faster.
   int best = 0;
-  for (int c = 1; c < static_cast<int>(medians.size()); ++c) {
-    if (medians[c] < 0.97 * medians[0] && medians[c] < medians[best]) best = c;
+  for (int c = 1; c < static_cast<int>(ratios.size()); ++c) {
+    if (ratios[c] < 0.97 && ratios[c] < ratios[best]) best = c;
   }
   std::string timed;
   char text[160];
@@ -99,7 +107,8 @@ void Tuner::Decide() {
                                                                std::to_string(c == 1 ? kSmallThresholdBytes
                                                                                      : threshold_bytes_) +
                                                                " bytes";
-    std::snprintf(text, sizeof(text), "%s%s %.3f GB/s", c ? ", " : "", name.c_str(), 1e-9 / medians[c]);
+    std::snprintf(text, sizeof(text), "%s%s %.3f GB/s (%.2f of the time)", c ? ", " : "", name.c_str(),
+                  1e-9 / medians[c], ratios[c]);
     timed += text;
   }
   if (stage_ == Stage::kAlgorithm) {

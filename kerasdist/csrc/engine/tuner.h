@@ -11,8 +11,10 @@
 // cycles falls on one candidate): first the backend's algorithms at the configured threshold,
 // timed on cycles that reduce at least kTimedFromBytes; then, with the algorithm kept, the
 // configured threshold against kSmallThresholdBytes, timed on cycles that fuse more than
-// kSmallThresholdBytes. A candidate is kept over the configured one only when its median time per
-// byte is 3 % lower. Every rank learns the cycle's setting from the cycle's bitwise AND, so each
+// kSmallThresholdBytes. A candidate is kept over the configured one only when the median, over
+// rounds, of its time per byte over the configured one's in the same round is below 0.97: cycles
+// of one round run close together, so a slow spell of the machine moves those ratios less than
+// the times. Every rank learns the cycle's setting from the cycle's bitwise AND, so each
 // runs every cycle with the same algorithm and the same groups.
 //
 // The choice can be written to a file and read back by a later job of the same layout, which
