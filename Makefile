@@ -64,7 +64,8 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # test_allreduce_algorithm.py again as MPICH's ring (KERASDIST_ALLREDUCE_ALGORITHM=ring) at 2 and 3
 # ranks and as the hierarchy on hosts MPICH emulates (MPIR_CVAR_NUM_CLIQUES: 2 hosts x 2 ranks, and
 # 3 x 2, whose allreduce across hosts runs as ring; on one real host the hierarchy falls back to
-# what auto runs, which the suite's own runs cover), and the docstring examples (written for any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
+# what auto runs, which the suite's own runs cover) and as auto on 3 x 2, where the tuner
+# (KERASDIST_AUTOTUNE) switches the algorithm from cycle to cycle while it times them, and the docstring examples (written for any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
 # The Open MPI build's suites come last, from a make of their own, which sees Open MPI if it was
 # just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not here: make soak,
 # make test-install (see there).
@@ -93,6 +94,8 @@ test: lint build
 	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=hierarchical MPIR_CVAR_NUM_CLIQUES=2 timeout 300 $(MPIEXEC) -n 4 $(PY) \
 	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
 	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=hierarchical MPIR_CVAR_NUM_CLIQUES=3 timeout 600 $(MPIEXEC) -n 6 $(PY) \
+	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
+	$(RUN_ENV) MPIR_CVAR_NUM_CLIQUES=3 timeout 600 $(MPIEXEC) -n 6 $(PY) \
 	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras $(KERAS_AT_2_RANKS_ONLY)
@@ -263,7 +266,7 @@ results-pages: venv
 # Emulated hosts (network namespaces; needs root): two on a 1 Gbit/s and on an unshaped link
 # (allreduce against raw MPI, fusion, compression, model.fit throughput), then allreduce on 2, 3
 # and 4 hosts as MPICH's own choice and as its ring (KERASDIST_ALLREDUCE_ALGORITHM) and on 2 x 3 and
-# 3 x 2 as the hierarchy, negotiation cost at 2-16 ranks on four, a raw-MPI hierarchical against
+# 3 x 2 as the hierarchy, the tuner against each fixed choice on 3 x 1, 4 x 1, 3 x 2 and 2 x 3, negotiation cost at 2-16 ranks on four, a raw-MPI hierarchical against
 # flat allreduce (scale_hierarchical; then the scale model anew), then fixed batch against
 # noise-scale growth on two hosts at 1 Gbit/s,
 # then accuracy against wall time of the slow-link methods (fp16, delayed, 1-bit, averaging), their
@@ -277,6 +280,8 @@ bench-net: build
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/topology_allreduce.py --json $(RESULTS)/topology_allreduce.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/topology_allreduce.py --layouts 2x3 3x2 --sizes_kib 64 256 1024 4096 12288 16384 \
 	    --json $(RESULTS)/topology_allreduce_hierarchy.json
+	$(RUN_ENV) timeout 2400 $(PY) benchmarks/topology_allreduce.py --tuned --layouts 3x1 4x1 3x2 2x3 --sizes_kib 12288 16384 \
+	    --json $(RESULTS)/topology_allreduce_tuned.json
 	$(RUN_ENV) timeout 1800 $(PY) benchmarks/negotiation_scaling.py --json $(RESULTS)/negotiation_scaling.json
 	$(RUN_ENV) timeout 1200 $(PY) benchmarks/scale_hierarchical.py --json $(RESULTS)/scale_hierarchical.json
 	timeout 300 $(PY) benchmarks/scale_model.py --json $(RESULTS)/scale_model.json

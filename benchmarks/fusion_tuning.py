@@ -42,7 +42,7 @@ CONFIGURATIONS = {  # label -> kerasdist-run flags
     "unfused": ["--fusion-threshold-mb", "0"],
     "defaults (16 MiB, tuning auto)": ["--log-level", "info"],
 }
-KEPT = re.compile(r"fusion tuning: .*; keeping (\d+) bytes")
+KEPT = re.compile(r"tuning: fused allreduces timed .*; keeping calls of up to (\d+) bytes")
 
 
 def parse_args():

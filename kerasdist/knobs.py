@@ -172,13 +172,42 @@ KNOBS = (
         to_engine=repr,
     ),
     Knob(
+        "autotune",
+        "KERASDIST_AUTOTUNE",
+        "--autotune",
+        "auto",
+        _one_of(AUTO_OR_OFF),
+        "auto: rank 0 times the first cycles that reduce 64 KiB or more with each allreduce algorithm this "
+        "job's hosts allow (when KERASDIST_ALLREDUCE_ALGORITHM is auto and there is more than one: 3 or more "
+        "hosts under MPICH, or hosts of several ranks each), then the first cycles that fuse more than 1 MiB "
+        "with the fusion threshold and with calls of at most 1 MiB (KERASDIST_FUSION_TUNING), 8 cycles each, "
+        "and every rank keeps the fastest; results are the same to rounding either way; off: no tuning",
+        metavar="MODE",
+        flag_to_text=str.lower,
+        to_engine=lambda mode: "1" if mode == "auto" else "0",
+    ),
+    Knob(
+        "autotune_file",
+        "KERASDIST_AUTOTUNE_FILE",
+        "--autotune-file",
+        "",
+        _text,
+        "a text file where rank 0 saves what tuning chose, one line per layout of hosts and ranks; a later "
+        "job of a layout listed there runs its choice from the start without tuning (the launcher makes the "
+        "path absolute)",
+        metavar="FILE",
+        flag_to_text=os.path.abspath,
+        to_engine=_text,
+    ),
+    Knob(
         "fusion_tuning",
         "KERASDIST_FUSION_TUNING",
         "--fusion-tuning",
         "auto",
         _one_of(AUTO_OR_OFF),
-        "auto: rank 0 times the first fused steps with the fusion threshold and with calls of at most "
-        "1 MiB (faster over slow links), and every rank keeps the faster; off: always the threshold",
+        "auto: with KERASDIST_AUTOTUNE=auto, rank 0 times the first fused steps with the fusion threshold and "
+        "with calls of at most 1 MiB (faster over slow links), and every rank keeps the faster; off: always "
+        "the threshold",
         metavar="MODE",
         flag_to_text=str.lower,
         to_engine=lambda mode: "1" if mode == "auto" else "0",

@@ -61,6 +61,7 @@ _BAD_VALUES = [
     ("KERASDIST_TF_THREADS", "4", "must be one of auto, off"),
     ("KERASDIST_MALLOC", "glibc", "must be one of auto, off"),
     ("KERASDIST_ALLREDUCE_ALGORITHM", "rabenseifner", "must be one of auto, mpi, ring, hierarchical"),
+    ("KERASDIST_AUTOTUNE", "on", "must be one of auto, off"),
     ("KERASDIST_BUCKET_BYTES", "4MB", "must be auto or a whole number of bytes between 0 and 1099511627776"),
     ("KERASDIST_BUCKET_BYTES", "-1", "must be auto or a whole number of bytes between 0"),
     ("KERASDIST_REPLICA_CHECK", "sometimes", "must be epoch, off or a whole number of steps between 1 and"),
@@ -90,6 +91,8 @@ def test_the_launcher_refuses_what_init_refuses_from_the_environment(variable, v
 def test_every_knob_has_a_flag_that_sets_its_variable_on_every_rank(knob, capsys):
     text = {
         "timeline_path": "/tmp/trace.json",
+        "autotune_file": "/tmp/tuning.tsv",
+        "autotune": "off",
         "log_level": "INFO",
         "tf_threads": "off",
         "malloc": "off",

@@ -176,6 +176,28 @@ void RunHierarchyChecks(int hosts, bool mpich, int ring, int held) {
   CheckSum(auto_backend, "auto, below the hierarchy", small, 1, mpich && hosts >= 3 ? ring : held);
   Check(g_reduce_scatters == 0, "auto ran the hierarchy below kHierarchyFromBytes");
 
+  // What the tuner may choose between under auto, and what each choice runs: calls from 64 KiB
+  // (Tuner::kTimedFromBytes) as chosen, smaller ones as auto runs them.
+  std::vector<kd::AllreduceChoice> expected = {kd::AllreduceChoice::kAuto, kd::AllreduceChoice::kMpi};
+  if (mpich && hosts >= 3) expected.push_back(kd::AllreduceChoice::kRing);
+  expected.push_back(kd::AllreduceChoice::kHierarchical);
+  Check(auto_backend.AllreduceChoices() == expected, "the tuner's choices under auto on these hosts");
+  const int timed = static_cast<int>(kd::Tuner::kTimedFromBytes / 4);  // float32 values
+  auto_backend.UseAllreduceChoice(kd::AllreduceChoice::kMpi);
+  CheckSum(auto_backend, "tuned to mpi, large", 1 << 20, 1, held);
+  Check(g_reduce_scatters == 0, "tuned to mpi ran the hierarchy");
+  auto_backend.UseAllreduceChoice(kd::AllreduceChoice::kHierarchical);
+  CheckHierarchySum(auto_backend, "tuned to the hierarchy, from 64 KiB", timed, 0, local, held);
+  CheckSum(auto_backend, "tuned to the hierarchy, below 64 KiB", timed - 1, 1, held);
+  Check(g_reduce_scatters == 0, "tuned to the hierarchy ran it below 64 KiB");
+  if (mpich && hosts >= 3) {
+    auto_backend.UseAllreduceChoice(kd::AllreduceChoice::kRing);
+    CheckSum(auto_backend, "tuned to ring, large", 1 << 20, 1, ring);
+    Check(g_reduce_scatters == 0, "tuned to ring ran the hierarchy");
+  }
+  auto_backend.UseAllreduceChoice(kd::AllreduceChoice::kAuto);
+  CheckHierarchySum(auto_backend, "tuned back to auto, large", 1 << 20, 0, local, across_large);
+
   // mpi and ring never run the hierarchy, and make no communicators for it.
   Check(!Made(kd::AllreduceChoice::kMpi).hierarchy_available() && !Made(kd::AllreduceChoice::kRing).hierarchy_available(),
         "mpi or ring made the hierarchy's communicators");
@@ -203,6 +225,9 @@ void RunChecks(const char* ring_argument, int hosts) {
   CheckSum(auto_backend, "auto on one host", 1 << 20, 1, held);
   kd::MpiBackend mpi_backend(g_watched, 0, Made(kd::AllreduceChoice::kMpi));
   CheckSum(mpi_backend, "mpi", 1 << 20, 1, held);
+  // On one host auto runs MPI's own choice at every size: nothing for the tuner to time.
+  Check(auto_backend.AllreduceChoices().empty() && ring_backend.AllreduceChoices().empty(),
+        "the tuner was given allreduce choices on one host");
 
   // 16-bit floats take Alltoall and Allgather, not MPI_Allreduce, whatever the choice.
   std::vector<uint16_t> halves(1000, kd::FloatToHalf(1.0f));

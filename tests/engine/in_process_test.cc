@@ -18,17 +18,19 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <future>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "engine.h"
-#include "fusion_tuner.h"
 #include "in_process_transport.h"
 #include "kernels.h"
+#include "tuner.h"
 
 namespace kd = kerasdist;
 
@@ -586,13 +588,14 @@ class LinkBackend : public in_process::Backend {
 };
 
 // A 16 MiB threshold with fusion tuning on, over a link that `large_calls_slow` or where each
-// call costs 2 ms: every step fuses 48 tensors of 64 KiB (3 MiB). Once rank 0 has timed 15 steps
+// call costs 2 ms: every step fuses 48 tensors of 64 KiB (3 MiB). Once rank 0 has timed 8 steps
 // of each threshold, every rank fuses in calls of at most 1 MiB on the first link and in one
 // call on the second; the sums are right throughout.
 void RunJobThatTunesFusion(bool large_calls_slow) {
   in_process::World world(kRanks);
   kd::EngineOptions options;
   options.fusion_threshold_bytes = int64_t{16} << 20;
+  options.autotune = true;
   options.fusion_tuning = true;
   options.cache_capacity = 64;
   options.log_level = 3;
@@ -603,7 +606,7 @@ void RunJobThatTunesFusion(bool large_calls_slow) {
       auto backend = std::make_unique<LinkBackend>(&world, r, large_calls_slow ? 0.0 : 2e-3, large_calls_slow);
       LinkBackend* link_backend = backend.get();
       Rank me(&world, r, options, std::move(backend));
-      constexpr int kSteps = 2 * kd::FusionTuner::kSamples + 5;
+      constexpr int kSteps = 2 * kd::Tuner::kRounds + 5;
       int wrong_steps = 0;
       for (int step = 0; step < kSteps; ++step) {
         if (step == kSteps - 5) link_backend->TakeLargestCall();  // from here on, the choice is made
@@ -634,6 +637,101 @@ void RunJobThatTunesFusion(bool large_calls_slow) {
   for (auto& t : threads) t.join();
 }
 
+// The in-process backend with three allreduce algorithms to choose from, as MpiBackend offers
+// auto, mpi and ring on 3 hosts: a call of `bytes` sleeps bytes / 1 GB/s times the current
+// algorithm's factor. Appends the algorithm of each call to `ran`, which outlives the backend.
+class ChoosingBackend : public in_process::Backend {
+ public:
+  static constexpr double kFactor[] = {1.0, 1.5, 0.5};  // auto, mpi, ring: ring is the fastest
+
+  ChoosingBackend(in_process::World* world, int rank, std::vector<int>* ran)
+      : in_process::Backend(world, rank), ran_(ran) {}
+
+  std::vector<kd::AllreduceChoice> AllreduceChoices() const override {
+    return {kd::AllreduceChoice::kAuto, kd::AllreduceChoice::kMpi, kd::AllreduceChoice::kRing};
+  }
+  void UseAllreduceChoice(kd::AllreduceChoice choice) override {
+    const auto choices = AllreduceChoices();
+    current_ = static_cast<int>(std::find(choices.begin(), choices.end(), choice) - choices.begin());
+  }
+  std::string Layout() const override { return "3 emulated hosts x 1 rank"; }
+
+  kd::Status Allreduce(const void* in, void* out, int64_t count, kd::DataType dtype, kd::ReduceOp op, double scale,
+                       const std::string& name) override {
+    const int64_t bytes = count * kd::DataTypeSize(dtype);
+    std::this_thread::sleep_for(std::chrono::duration<double>(bytes * kFactor[current_] / 1e9));
+    ran_->push_back(current_);
+    return in_process::Backend::Allreduce(in, out, count, dtype, op, scale, name);
+  }
+
+ private:
+  int current_ = 0;
+  std::vector<int>* ran_;  // written by the engine thread only
+};
+
+// Autotune on, over ChoosingBackend: every step is one 2 MiB allreduce (above the tuner's 64 KiB).
+// Every rank runs every call with the same algorithm, switching between the same two calls as the
+// others; once rank 0 has timed 8 calls of each, every rank runs ring, and the sums are right
+// throughout. With `file`, the choice is written there; a second job over the same file runs
+// ring from its first call, timing nothing.
+void RunJobThatTunesTheAlgorithm(const std::string& file, bool reads_saved_choice) {
+  in_process::World world(kRanks);
+  kd::EngineOptions options;
+  options.fusion_threshold_bytes = int64_t{16} << 20;
+  options.autotune = true;
+  options.autotune_file = file;
+  options.cache_capacity = 64;
+  options.log_level = 3;
+  constexpr int kSteps = 3 * kd::Tuner::kRounds + 4;
+  constexpr int64_t kCount = int64_t{1} << 19;  // 2 MiB of floats
+  std::vector<std::vector<int>> ran(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      {
+        Rank me(&world, r, options, std::make_unique<ChoosingBackend>(&world, r, &ran[r]));
+        int wrong_steps = 0;
+        for (int step = 0; step < kSteps; ++step) {
+          std::vector<std::vector<float>> tensors(1, std::vector<float>(kCount));
+          for (int64_t i = 0; i < kCount; ++i) tensors[0][i] = static_cast<float>(Local(r, 0, i, step));
+          const kd::Status s =
+              me.GroupedAllreduce("chosen", &tensors, kd::DataType::kFloat32, kd::ReduceOp::kSum, kd::DataType::kFloat32);
+          bool right = s.ok();
+          for (int64_t i = 0; right && i < kCount; ++i) {
+            double expected = 0;
+            for (int q = 0; q < kRanks; ++q) expected += Local(q, 0, i, step);
+            right = tensors[0][i] == static_cast<float>(expected);
+          }
+          wrong_steps += right ? 0 : 1;
+        }
+        Check(r, wrong_steps == 0, "algorithm tuning: " + std::to_string(wrong_steps) + " steps with wrong sums");
+      }  // the engine has stopped: `ran[r]` is complete
+    });
+  }
+  for (auto& t : threads) t.join();
+  const std::string job = reads_saved_choice ? "the job reading the saved choice" : "the tuning job";
+  for (int r = 1; r < kRanks; ++r) {
+    Check(r, ran[r] == ran[0], job + ": rank " + std::to_string(r) + " ran other algorithms than rank 0, call by call");
+  }
+  const std::vector<int>& calls = ran[0];
+  constexpr int kRing = 2;
+  Check(0, static_cast<int>(calls.size()) == kSteps, job + ": " + std::to_string(calls.size()) + " calls");
+  if (reads_saved_choice) {
+    Check(0, std::count(calls.begin(), calls.end(), kRing) == kSteps, job + ": not every call ran as ring");
+    return;
+  }
+  for (int algorithm = 0; algorithm < 3; ++algorithm) {
+    Check(0, std::count(calls.begin(), calls.begin() + 3 * kd::Tuner::kRounds, algorithm) == kd::Tuner::kRounds,
+          job + ": algorithm " + std::to_string(algorithm) + " was not timed over exactly 8 calls");
+  }
+  Check(0, std::all_of(calls.begin() + 3 * kd::Tuner::kRounds, calls.end(), [](int a) { return a == kRing; }),
+        job + ": the calls after tuning did not all run as ring");
+  std::ifstream saved(file);
+  std::string text((std::istreambuf_iterator<char>(saved)), std::istreambuf_iterator<char>());
+  Check(0, text.find("3 emulated hosts x 1 rank\tring\t16777216\n") != std::string::npos,
+        "the saved choice: '" + text + "'");
+}
+
 }  // namespace
 
 int main() {
@@ -645,6 +743,11 @@ int main() {
   RunJobWithARankThatNeverSubmits();
   for (bool large_calls_slow : {true, false}) RunJobThatTunesFusion(large_calls_slow);
   std::printf("fusion tuning: done\n");
+  const std::string tuning_file = "kerasdist-tuning.tsv";  // in the test's own directory
+  std::remove(tuning_file.c_str());
+  RunJobThatTunesTheAlgorithm(tuning_file, false);
+  RunJobThatTunesTheAlgorithm(tuning_file, true);
+  std::printf("algorithm tuning: done\n");
   std::printf("%s, %d of %d checks failed\n", g_failures > 0 ? "FAILED" : "passed", g_failures.load(),
               g_checks.load());
   return g_failures > 0 ? 1 : 0;

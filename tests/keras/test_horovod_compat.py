@@ -222,8 +222,12 @@ def test_horovod_settings_are_read_when_kerasdist_ones_are_unset():
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "90",
         "KERASDIST_STALL_TIMEOUT_S": "30",  # kerasdist's own setting wins
         "HOROVOD_STALL_CHECK_DISABLE": "1",
+        "HOROVOD_AUTOTUNE": "0",
+        "HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
     }
     hvd_tf._adopt_horovod_settings(environ)
+    assert environ["KERASDIST_AUTOTUNE"] == "off"
+    assert environ["KERASDIST_ALLREDUCE_ALGORITHM"] == "hierarchical"
     assert environ["KERASDIST_FUSION_THRESHOLD"] == "1048576"
     assert environ["KERASDIST_CYCLE_TIME_MS"] == "2.5"
     assert environ["KERASDIST_LOG_LEVEL"] == "debug"

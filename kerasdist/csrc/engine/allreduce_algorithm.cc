@@ -86,21 +86,12 @@ bool FindRing(MPI_T_cvar_handle* handle, int* ring_value) {
   return found;
 }
 
-const char* ChoiceName(AllreduceChoice choice) {
-  switch (choice) {
-    case AllreduceChoice::kMpi: return "mpi";
-    case AllreduceChoice::kRing: return "ring";
-    case AllreduceChoice::kAuto: return "auto";
-    case AllreduceChoice::kHierarchical: return "hierarchical";
-  }
-  return "?";
-}
-
 }  // namespace
 
 Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, AllreduceAlgorithm* algorithm) {
   AllreduceAlgorithm made;
   made.choice_ = choice;
+  made.tuned_ = choice;
   made.ring_available_ = FindRing(&made.handle_, &made.ring_value_);
   MPI_Comm host;
   int code = MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &host);
@@ -122,8 +113,8 @@ Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, Allreduce
   if (least[1] != -least[2]) {
     MPI_Comm_free(&host);
     return Status::InvalidArgument(std::string("kerasdist: KERASDIST_ALLREDUCE_ALGORITHM differs between ranks (") +
-                                   ChoiceName(static_cast<AllreduceChoice>(least[1])) + " and " +
-                                   ChoiceName(static_cast<AllreduceChoice>(-least[2])) +
+                                   AllreduceChoiceName(static_cast<AllreduceChoice>(least[1])) + " and " +
+                                   AllreduceChoiceName(static_cast<AllreduceChoice>(-least[2])) +
                                    "); set it alike on every rank, or leave it to kerasdist-run, which forwards it");
   }
   // A rank whose MPI lacks the variable keeps MPI's choice, so every rank does.
@@ -156,10 +147,28 @@ Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, Allreduce
   return Status::OK();
 }
 
-std::string AllreduceAlgorithm::Describe() const {
+std::vector<AllreduceChoice> AllreduceAlgorithm::Alternatives() const {
+  if (choice_ != AllreduceChoice::kAuto) return {};
+  const bool ring_runs = ring_available_ && hosts_ >= kRingFromHosts;
+  std::vector<AllreduceChoice> choices = {AllreduceChoice::kAuto};
+  if (ring_runs || hierarchy_available()) choices.push_back(AllreduceChoice::kMpi);
+  // Without the hierarchy, at a rank count that is not a power of two, auto already runs ring
+  // from 64 KiB: the same calls.
+  const bool power_of_two = (ranks_ & (ranks_ - 1)) == 0;
+  if (ring_runs && (hierarchy_available() || power_of_two)) choices.push_back(AllreduceChoice::kRing);
+  if (hierarchy_available()) choices.push_back(AllreduceChoice::kHierarchical);
+  if (choices.size() == 1) choices.clear();
+  return choices;
+}
+
+std::string AllreduceAlgorithm::Layout() const {
   std::string layout = std::to_string(hosts_) + (hosts_ == 1 ? " host" : " hosts");
-  if (ranks_per_host_ > 0) layout += " x " + std::to_string(ranks_per_host_) + (ranks_per_host_ == 1 ? " rank" : " ranks");
-  std::string text = std::string("allreduce algorithm ") + ChoiceName(choice_) + " on " + layout + ": ";
+  if (ranks_per_host_ > 0) return layout + " x " + std::to_string(ranks_per_host_) + (ranks_per_host_ == 1 ? " rank" : " ranks");
+  return layout + " of unequal ranks, " + std::to_string(ranks_) + " in all";
+}
+
+std::string AllreduceAlgorithm::Describe() const {
+  std::string text = std::string("allreduce algorithm ") + AllreduceChoiceName(choice_) + " on " + Layout() + ": ";
   if (choice_ == AllreduceChoice::kMpi) return text + "MPI's own choice";
   const std::string across = std::string(" (across hosts ") +
                              (UseRingAcross(int64_t{1} << 40) ? "MPICH's ring from " +

@@ -19,8 +19,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common.h"
+#include "tuner.h"
 
 namespace kerasdist {
 
@@ -55,17 +57,29 @@ class AllreduceAlgorithm {
   // ranks, it also makes the communicators of the hierarchy (never freed: MPI_Finalize takes them).
   static Status Make(MPI_Comm comm, AllreduceChoice choice, AllreduceAlgorithm* algorithm);
 
+  // Under kAuto, the choices the engine's Tuner may time against kAuto (its own first): MPI's
+  // own, MPICH's ring where kAuto could run it and runs something else from 64 KiB, the hierarchy
+  // where it is available. Empty when
+  // the configured choice is not kAuto or there is nothing else to run. A tuned choice applies to
+  // calls of at least Tuner::kTimedFromBytes, the ones the tuner times; smaller calls, whose time
+  // is their latency, run as kAuto does.
+  std::vector<AllreduceChoice> Alternatives() const;
+  // Calls from Tuner::kTimedFromBytes on run as `choice`, one of Alternatives().
+  void set_choice(AllreduceChoice choice) { tuned_ = choice; }
+
   // Whether an allreduce of `bytes` should run as the hierarchy: the same answer on every rank.
   bool UseHierarchy(int64_t bytes) const {
     if (!hierarchy_available()) return false;
-    return choice_ == AllreduceChoice::kHierarchical || (choice_ == AllreduceChoice::kAuto && bytes >= kHierarchyFromBytes);
+    const AllreduceChoice choice = ChoiceFor(bytes);
+    return choice == AllreduceChoice::kHierarchical || (choice == AllreduceChoice::kAuto && bytes >= kHierarchyFromBytes);
   }
   // Whether an MPI_Allreduce of `bytes` over all ranks should run as ring: the same answer on
   // every rank, which knows the same bytes, ranks and hosts. kHierarchical where the hierarchy is
   // not available falls back to what kAuto runs.
   bool UseRing(int64_t bytes) const {
-    if (!ring_available_ || choice_ == AllreduceChoice::kMpi) return false;
-    if (choice_ == AllreduceChoice::kRing) return true;
+    const AllreduceChoice choice = ChoiceFor(bytes);
+    if (!ring_available_ || choice == AllreduceChoice::kMpi) return false;
+    if (choice == AllreduceChoice::kRing) return true;
     return RingPays(ranks_, bytes);
   }
   // Whether the hierarchy's allreduce of a `bytes` slice across the hosts should run as ring:
@@ -95,9 +109,12 @@ class AllreduceAlgorithm {
   int host_rank() const { return host_rank_; }
   // One line for the log: the choice, the hosts and what runs.
   std::string Describe() const;
+  // The hosts and the ranks on each, e.g. "3 hosts x 2 ranks".
+  std::string Layout() const;
 
  private:
-  AllreduceChoice choice_ = AllreduceChoice::kMpi;
+  AllreduceChoice choice_ = AllreduceChoice::kMpi;  // configured
+  AllreduceChoice tuned_ = AllreduceChoice::kMpi;   // under kAuto, what the Tuner chose for timed sizes
   bool ring_available_ = false;
   MPI_T_cvar_handle handle_ = MPI_T_CVAR_HANDLE_NULL;
   int ring_value_ = 0;
@@ -114,6 +131,9 @@ class AllreduceAlgorithm {
     return (ranks & (ranks - 1)) == 0 ? kRingFromBytesPowerOfTwo : kRingFromBytes;
   }
   bool RingPays(int ranks, int64_t bytes) const { return hosts_ >= kRingFromHosts && bytes >= RingFrom(ranks); }
+  AllreduceChoice ChoiceFor(int64_t bytes) const {
+    return choice_ == AllreduceChoice::kAuto && bytes >= Tuner::kTimedFromBytes ? tuned_ : choice_;
+  }
 };
 
 }  // namespace kerasdist

@@ -36,6 +36,15 @@ class Backend {
   // from rank r into consecutive blocks of `out`.
   virtual Status Alltoall(const void* in, const std::vector<int64_t>& send_counts, void* out,
                           const std::vector<int64_t>& recv_counts, DataType dtype, const std::string& name) = 0;
+
+  // The allreduce algorithms worth timing against each other in this job, the configured one first
+  // (the engine's Tuner); the same list on every rank. One or none: there is nothing to choose.
+  virtual std::vector<AllreduceChoice> AllreduceChoices() const { return {}; }
+  // Later allreduces run as `choice`, one of AllreduceChoices(); every rank calls it between the
+  // same two cycles.
+  virtual void UseAllreduceChoice(AllreduceChoice) {}
+  // Where the ranks are (hosts, ranks on each), as a saved tuning choice's key; empty: unknown.
+  virtual std::string Layout() const { return ""; }
 };
 
 }  // namespace kerasdist

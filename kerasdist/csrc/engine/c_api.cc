@@ -74,6 +74,18 @@ const std::map<std::string, Setter>& Setters() {
          o.fusion_tuning = value == 1;
          return true;
        }},
+      {"autotune",
+       [](kerasdist::EngineOptions& o, const std::string& t) {
+         int64_t value = 0;
+         if (!ParseInteger(t, 0, 1, &value)) return false;
+         o.autotune = value == 1;
+         return true;
+       }},
+      {"autotune_file",
+       [](kerasdist::EngineOptions& o, const std::string& t) {
+         o.autotune_file = t;
+         return true;
+       }},
       {"cycle_time_ms", [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.cycle_time_ms); }},
       {"stall_warning_s",
        [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.stall_warning_s); }},

@@ -75,6 +75,16 @@ const char* DeviceName(Device device) {
   return "unknown";
 }
 
+const char* AllreduceChoiceName(AllreduceChoice choice) {
+  switch (choice) {
+    case AllreduceChoice::kMpi: return "mpi";
+    case AllreduceChoice::kRing: return "ring";
+    case AllreduceChoice::kAuto: return "auto";
+    case AllreduceChoice::kHierarchical: return "hierarchical";
+  }
+  return "?";
+}
+
 const char* ReduceOpName(ReduceOp op) {
   switch (op) {
     case ReduceOp::kAverage: return "Average";

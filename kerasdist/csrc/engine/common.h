@@ -43,6 +43,7 @@ const char* DataTypeName(DataType dtype);
 const char* OpKindName(OpKind kind);
 const char* ReduceOpName(ReduceOp op);
 const char* DeviceName(Device device);
+const char* AllreduceChoiceName(AllreduceChoice choice);  // as KERASDIST_ALLREDUCE_ALGORITHM spells it
 bool IsFloatingPoint(DataType dtype);
 
 enum class StatusCode : uint8_t {
@@ -125,7 +126,9 @@ struct Response {
 // (c_api.cc refuses a start that does not name each one), so no default is written here.
 struct EngineOptions {
   int64_t fusion_threshold_bytes = 0;  // 0 disables fusion
-  bool fusion_tuning = false;          // rank 0 may pick 1 MiB groups instead (fusion_tuner.h)
+  bool autotune = false;               // rank 0 may choose the allreduce algorithm (tuner.h)
+  bool fusion_tuning = false;          // with autotune, rank 0 may pick 1 MiB groups instead
+  std::string autotune_file;           // rank 0 reads and writes its choice there when set
   double cycle_time_ms = 0.0;          // coalescing window after work arrives
   double stall_warning_s = 0.0;        // 0 disables warnings
   double stall_timeout_s = 0.0;        // 0: wait forever

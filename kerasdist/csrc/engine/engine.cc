@@ -18,9 +18,10 @@ constexpr uint64_t kAllWaiting = 4;
 // some rank is. Ranks that all wait inside graphs may just be running them in different orders;
 // once one rank waits in an eager call, the others' graphs can only finish with it, so nobody can.
 constexpr uint64_t kNobodyBlockedEagerly = 8;
-// Word 0, bit 4: clear only by rank 0, when its FusionTuner wants this cycle fused in groups of
-// at most 1 MiB; after the AND, every rank knows the threshold of the cycle from it.
-constexpr uint64_t kConfiguredFusion = 16;
+// Word 0, bits 4-6: the cycle's setting (Tuner: allreduce algorithm and fusion threshold). Rank 0
+// sets its Tuner's setting there, every other rank all three bits, so the AND is rank 0's setting.
+constexpr int kSettingShift = 4;
+constexpr uint64_t kSettingMask = (uint64_t{1} << Tuner::kSettingBits) - 1;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
 
 }  // namespace
@@ -56,16 +57,24 @@ Status Engine::Start(const EngineOptions& options, const TransportFactory& make_
   options_.cache_capacity = std::max(1, options_.cache_capacity);
   words_ = 1 + (options_.cache_capacity + 63) / 64;
   cache_.Reset(options_.cache_capacity);
-  if (rank_ == 0) {
-    coordinator_ = std::make_unique<Coordinator>(size_, options_, &cache_);
-    fusion_tuner_ = std::make_unique<FusionTuner>(options_.fusion_threshold_bytes, options_.fusion_tuning);
-  }
+  if (rank_ == 0) coordinator_ = std::make_unique<Coordinator>(size_, options_, &cache_);
   stall_inspector_ = std::make_unique<StallInspector>(control_plane_.get(), options_);
   watchdog_ = std::make_unique<Watchdog>(options_.collective_timeout_s, stall_inspector_->RankAndHost(rank_));
   Status executes = MakeExecutor(std::move(transport.backend),
                                  std::make_unique<HostMemory>(options_.fusion_threshold_bytes, fusion_buffer_factory_),
                                  &host_executor_);
   if (!executes.ok()) return executes;
+  allreduce_choices_ = host_executor_->backend().AllreduceChoices();
+  allreduce_choice_ = 0;
+  if (rank_ == 0) {
+    std::vector<std::string> names;
+    for (AllreduceChoice choice : allreduce_choices_) names.push_back(AllreduceChoiceName(choice));
+    if (names.empty()) names.push_back(AllreduceChoiceName(options_.allreduce_algorithm));
+    std::string layout = host_executor_->backend().Layout();
+    if (layout.empty()) layout = std::to_string(size_) + " ranks";
+    tuner_ = std::make_unique<Tuner>(names, options_.autotune, options_.fusion_threshold_bytes,
+                                     options_.autotune && options_.fusion_tuning, options_.autotune_file, layout);
+  }
   if (rank_ == 0 && !options_.timeline_path.empty() && !timeline_.Open(options_.timeline_path)) {
     Log(2, "cannot write the timeline to '%s'; continuing without it", options_.timeline_path.c_str());
   }
@@ -310,7 +319,7 @@ bool Engine::RunCycle(bool* progress) {
   const bool blocked_eagerly = any_blocking && none_free;
   if (blocked_eagerly || (!pending_.empty() && none_free_of_graph)) bits[0] |= kAllWaiting;
   if (!blocked_eagerly) bits[0] |= kNobodyBlockedEagerly;
-  if (!fusion_tuner_ || !fusion_tuner_->UseSmall()) bits[0] |= kConfiguredFusion;
+  bits[0] |= (tuner_ ? static_cast<uint64_t>(tuner_->setting()) : kSettingMask) << kSettingShift;
 
   phases_.Charge(Phase::kOther);
   phases_.CountCycle();
@@ -348,12 +357,18 @@ bool Engine::RunCycle(bool* progress) {
   if (timeline_.enabled()) timeline_.CycleMark(negotiated, static_cast<int>(ready.size()));
   *progress = !ready.empty();
   if (*progress && coordinator_) coordinator_->NoteProgress();
-  const bool small_fusion = !(bits[0] & kConfiguredFusion);
+  const int setting = static_cast<int>((bits[0] >> kSettingShift) & kSettingMask);
   Fusion& fusion = host_executor_->fusion();
-  fusion.set_threshold_bytes(small_fusion ? FusionTuner::kSmallThresholdBytes : options_.fusion_threshold_bytes);
+  fusion.set_threshold_bytes(Tuner::SmallFusion(setting) ? Tuner::kSmallThresholdBytes
+                                                         : options_.fusion_threshold_bytes);
+  const int choice = Tuner::Algorithm(setting);
+  if (choice != allreduce_choice_ && choice < static_cast<int>(allreduce_choices_.size())) {
+    host_executor_->backend().UseAllreduceChoice(allreduce_choices_[choice]);
+    allreduce_choice_ = choice;
+  }
   fusion.ForgetLastRun();
   Execute(ready);
-  if (fusion_tuner_) fusion_tuner_->Record(small_fusion, fusion.last_fused_bytes(), fusion.last_seconds());
+  if (tuner_) tuner_->Record(setting, fusion.last_bytes(), fusion.last_fused_bytes(), fusion.last_seconds());
   zero_entries_.clear();
 
   if (!(bits[0] & kNobodyStops)) {

@@ -36,11 +36,11 @@
 #include "coordinator.h"
 #include "device_hooks.h"
 #include "executor.h"
-#include "fusion_tuner.h"
 #include "phase_clock.h"
 #include "response_cache.h"
 #include "stall_inspector.h"
 #include "timeline.h"
+#include "tuner.h"
 #include "watchdog.h"
 
 namespace kerasdist {
@@ -135,7 +135,11 @@ class Engine {
   std::map<std::string, std::unique_ptr<Collective>> pending_;
   ResponseCache cache_;
   std::unique_ptr<Coordinator> coordinator_;  // rank 0 only
-  std::unique_ptr<FusionTuner> fusion_tuner_;  // rank 0 only
+  std::unique_ptr<Tuner> tuner_;  // rank 0 only
+  // The host backend's allreduce algorithms that a cycle's setting indexes (Tuner), and the one
+  // it runs now: the same on every rank.
+  std::vector<AllreduceChoice> allreduce_choices_;
+  int allreduce_choice_ = 0;
   std::unique_ptr<ControlPlane> control_plane_;
   std::unique_ptr<StallInspector> stall_inspector_;
   std::unique_ptr<Watchdog> watchdog_;

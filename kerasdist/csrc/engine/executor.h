@@ -35,6 +35,7 @@ class Executor {
   // `finished` for each once its outputs hold its results; a failure goes to its status.
   void Run(const Ready& ready, const std::function<void(Collective*)>& finished);
   Fusion& fusion() { return fusion_; }
+  Backend& backend() { return *backend_; }
 
  private:
   Status RunAllgather(Collective* c, const Response& r);

@@ -22,6 +22,7 @@ size_t Fusion::FusedBytes(const TensorSpec& spec) const {
 
 void Fusion::Run(const std::vector<Collective*>& collectives) {
   const auto start = Clock::now();
+  last_bytes_ = 0;
   last_fused_bytes_ = 0;
   // Tensors that share a wire dtype and a way of combining travel together, in negotiated order.
   // In memory without kernels the backend scales a group as a whole, so its tensors also share
@@ -43,6 +44,7 @@ void Fusion::Run(const std::vector<Collective*>& collectives) {
   for (auto& [key, candidates] : groups) {
     std::vector<Item> items;  // the ones worth fusing, in negotiated order
     for (auto& item : candidates) {
+      last_bytes_ += FusedBytes(item.first->request.tensors[item.second]);
       if (FusedBytes(item.first->request.tensors[item.second]) > memory_->largest_fused_bytes()) {
         RunAlone(item.first, item.second);
       } else {

@@ -24,10 +24,13 @@ class Fusion {
   void Run(const std::vector<Collective*>& collectives);
   // The most bytes one fused call reduces from the next Run on; the same on every rank.
   void set_threshold_bytes(int64_t bytes) { threshold_bytes_ = bytes; }
-  // What the last Run fused: the bytes of its tensors small enough to fuse, and its seconds.
+  // What the last Run reduced: the bytes of all its tensors, of those small enough to fuse, and
+  // its seconds.
+  int64_t last_bytes() const { return last_bytes_; }
   int64_t last_fused_bytes() const { return last_fused_bytes_; }
   double last_seconds() const { return last_seconds_; }
   void ForgetLastRun() {
+    last_bytes_ = 0;
     last_fused_bytes_ = 0;
     last_seconds_ = 0;
   }
@@ -49,6 +52,7 @@ class Fusion {
   TensorMemory* memory_;
   Timeline* timeline_;
   PhaseClock* phases_;
+  int64_t last_bytes_ = 0;
   int64_t last_fused_bytes_ = 0;
   double last_seconds_ = 0;
   std::vector<uint16_t> compressed_scratch_;  // a large compressed tensor, as it travels (host only)

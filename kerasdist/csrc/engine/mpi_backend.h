@@ -31,6 +31,10 @@ class MpiBackend : public Backend {
   Status Alltoall(const void* in, const std::vector<int64_t>& send_counts, void* out,
                   const std::vector<int64_t>& recv_counts, DataType dtype, const std::string& name) override;
 
+  std::vector<AllreduceChoice> AllreduceChoices() const override { return algorithm_.Alternatives(); }
+  void UseAllreduceChoice(AllreduceChoice choice) override { algorithm_.set_choice(choice); }
+  std::string Layout() const override { return algorithm_.Layout(); }
+
   static bool IsHalf(DataType dtype) { return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16; }
 
  private:

@@ -76,6 +76,9 @@ class WatchedBackend : public Backend {
                        double scale, const std::string& name) override;
   Status Alltoall(const void* in, const std::vector<int64_t>& send_counts, void* out,
                   const std::vector<int64_t>& recv_counts, DataType dtype, const std::string& name) override;
+  std::vector<AllreduceChoice> AllreduceChoices() const override { return inner_->AllreduceChoices(); }
+  void UseAllreduceChoice(AllreduceChoice choice) override { inner_->UseAllreduceChoice(choice); }
+  std::string Layout() const override { return inner_->Layout(); }
 
  private:
   template <typename Call>

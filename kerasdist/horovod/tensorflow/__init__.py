@@ -162,7 +162,17 @@ _HOROVOD_SETTINGS = {
     "HOROVOD_STALL_CHECK_TIME_SECONDS": ("KERASDIST_STALL_WARNING_S", str),
     "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": ("KERASDIST_STALL_TIMEOUT_S", str),  # 0: never, in both
     "HOROVOD_LOG_LEVEL": ("KERASDIST_LOG_LEVEL", lambda text: _HOROVOD_LOG_LEVELS.get(text.lower(), "error")),
+    "HOROVOD_AUTOTUNE": ("KERASDIST_AUTOTUNE", lambda text: "off" if _horovod_false(text) else "auto"),
+    # Horovod's 0 is its default, a flat allreduce; kerasdist's default chooses per layout.
+    "HOROVOD_HIERARCHICAL_ALLREDUCE": (
+        "KERASDIST_ALLREDUCE_ALGORITHM",
+        lambda text: "auto" if _horovod_false(text) else "hierarchical",
+    ),
 }
+
+
+def _horovod_false(text):
+    return text.lower() in ("0", "false", "no", "off")
 
 
 def _adopt_horovod_settings(environ):
