@@ -4,6 +4,7 @@ report every case (the speed over emulated links is `make bench-net`'s job)."""
 import json
 import sys
 
+import pytest
 from launch_utils import LAUNCH_TEST_MARKS, MPIEXEC, REPO_ROOT, child_env, run_job
 
 pytestmark = LAUNCH_TEST_MARKS
@@ -52,7 +53,14 @@ def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_pat
         phases = row["phases_s"]
         assert phases["transfer"] > 0 and phases["negotiation"] > 0 and phases["cycles"] > 0, row
     assert set(results["many"]["seconds"]) == {"raw per tensor", "raw flat", "grouped"}
-    assert [sorted(row) for row in results["compression"]] == [["bf16", "bytes", "fp16", "none", "raw", "raw16"]]
+    times = ["bf16", "bytes", "fp16", "none", "raw", "raw16"]
+    ratios = [f"{name}_over_none{suffix}" for name in ("bf16", "fp16") for suffix in ("", "_range")]
+    assert [sorted(row) for row in results["compression"]] == [sorted(times + ratios)]
+    for row in results["compression"]:
+        for name in ("fp16", "bf16"):  # the 16-bit time over float32's, and the per-repeat range around it
+            assert row[f"{name}_over_none"] == pytest.approx(row[name] / row["none"])
+            low, high = row[f"{name}_over_none_range"]
+            assert 0 < low <= high, row
 
 
 def test_fusion_tuning_decides_in_an_mpi_job_and_logs_what_it_kept_as_the_benchmark_reads_it(tmp_path):
