@@ -345,15 +345,7 @@ def print_overlap_table(runs, links):
         for label, _ in links:
 
             def step(configuration, key="step_ms", model=model, label=label):
-                values = [
-                    r[key]
-                    for r in runs
-                    if r["model"] == model
-                    and r["link"] == label
-                    and r.get("configuration") == configuration
-                    and r.get(key) is not None
-                ]
-                return statistics.median(values) if values else float("nan")
+                return median_over_rounds(runs, model, label, configuration, key)
 
             apart = step("no communication")
             for configuration in TWO_HOST_RUNS:
