@@ -725,6 +725,7 @@ def plot_allreduce(path):
     fig, ax = plt.subplots(figsize=(6.5, 4))
     ax.errorbar(sizes, ratios, yerr=[below, above], marker="o", capsize=3, label=f"one host, {record['ranks']} ranks")
     two_hosts = {row[1]: row[5] for row in network["tables"]["allreduce 1 Gbit"]["rows"] if row[0] == "Sum"}
+    how = "measured" if network["source"] == result_files.MEASURED else "recorded"
     shown = [(s, two_hosts[size(s)]) for s in sizes if size(s) in two_hosts]
     if shown:
         medians, lows, highs = zip(*(map(float, re.findall(r"[\d.]+", cell)[:3]) for _, cell in shown))
@@ -734,7 +735,7 @@ def plot_allreduce(path):
             yerr=[[m - lo for m, lo in zip(medians, lows)], [hi - m for m, hi in zip(medians, highs)]],
             marker="s",
             capsize=3,
-            label="2 hosts at 1 Gbit/s (recorded)",
+            label=f"2 hosts at 1 Gbit/s ({how})",
         )
     ax.axhline(1.0, color="grey", ls=":", lw=1, label="parity with raw MPI")
     ax.set(
@@ -749,7 +750,7 @@ def plot_allreduce(path):
         0.01,
         0.01,
         f"one host: {record['date']}, {record['machine']['cores']} cores, shared machine; "
-        f"2 hosts: recorded {network.get('recorded', network.get('date'))}",
+        f"2 hosts: {how} {network.get('recorded', network.get('date'))}",
         fontsize=7,
     )
     fig.tight_layout(rect=(0, 0.03, 1, 1))
