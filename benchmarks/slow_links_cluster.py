@@ -236,8 +236,8 @@ def results_table(results, targets, n_seeds):
     names = list(targets)
     seeds = " / ".join(str(s) for s in range(n_seeds))
     lines = [
-        f"| configuration | final test acc, median | per seed ({seeds}) | training s | "
-        + " | ".join(f"s to {n}" for n in names)
+        f"| configuration | final test acc, median | per seed ({seeds}) | training s, median | "
+        + " | ".join(f"s to {n.replace('%', ' %')}" for n in names)  # the page's and render.py's names
         + " | updates | MB sent per epoch | load at job start (per seed) |",
         "|---|---:|---|---:|" + "---:|" * len(names) + "---:|---:|---|",
     ]
@@ -363,7 +363,7 @@ def main(args):
         args, "slow_links_cluster", headline, lambda c, s, out: rank_argv(args, [c], s, out), record
     )
     out = {
-        "date": started,
+        "started": started,  # the header's "date" (ISO, benchmarks/results.py) stays the run's date
         "config": {k: v for k, v in vars(args).items() if k not in ("rank_side", "config", "seed", "out", "report")},
         "link_tcp_gbits": gbits,
         "wall_seconds": round(wall, 1),
