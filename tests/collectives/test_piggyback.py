@@ -58,3 +58,18 @@ def test_sets_over_the_limit_or_of_integers_never_ride():
         integers = kd.allreduce(tf.fill([4], RANK + call), op=kd.Sum, name="piggyback_integers")
         np.testing.assert_array_equal(integers.numpy(), np.full(4, SIZE * (SIZE - 1) // 2 + SIZE * call))
     assert rode(before) == 0
+
+
+def test_riding_sums_of_inexact_floats_are_the_same_bits_on_every_rank():
+    """The sums of values whose additions round: MPI's reduction order decides the last bit, and
+    every rank must get the same bits (replicas that differ drift apart)."""
+    rng = np.random.default_rng(RANK)
+    before = kd.engine_times()["rode"]
+    step = tf.function(lambda x: kd.allreduce(x, op=kd.Sum, name="piggyback_inexact"))
+    for _ in range(CALLS):
+        mine = rng.standard_normal(900).astype(np.float32) * 1e3
+        got = step(tf.constant(mine)).numpy()
+        everyone = kd.allgather_object((mine, got.tobytes()), name="piggyback_inexact_check")
+        np.testing.assert_allclose(got, np.sum([sent for sent, _ in everyone], axis=0), rtol=1e-5, atol=1e-3)
+        assert len({bits for _, bits in everyone}) == 1
+    assert rode(before) >= (CALLS // 2 if SIZE > 1 else 0), rode(before)
