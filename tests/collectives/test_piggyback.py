@@ -66,10 +66,11 @@ def test_riding_sums_of_inexact_floats_are_the_same_bits_on_every_rank():
     rng = np.random.default_rng(RANK)
     before = kd.engine_times()["rode"]
     step = tf.function(lambda x: kd.allreduce(x, op=kd.Sum, name="piggyback_inexact"))
-    for _ in range(CALLS):
-        mine = rng.standard_normal(900).astype(np.float32) * 1e3
-        got = step(tf.constant(mine)).numpy()
-        everyone = kd.allgather_object((mine, got.tobytes()), name="piggyback_inexact_check")
-        np.testing.assert_allclose(got, np.sum([sent for sent, _ in everyone], axis=0), rtol=1e-5, atol=1e-3)
-        assert len({bits for _, bits in everyone}) == 1
+    sent = [rng.standard_normal(900).astype(np.float32) * 1e3 for _ in range(CALLS)]
+    got = [step(tf.constant(values)).numpy() for values in sent]
     assert rode(before) >= (CALLS // 2 if SIZE > 1 else 0), rode(before)
+    everyone = kd.allgather_object((sent, [sums.tobytes() for sums in got]), name="piggyback_inexact_check")
+    for call in range(CALLS):
+        expected = np.sum([theirs[call] for theirs, _ in everyone], axis=0)
+        np.testing.assert_allclose(got[call], expected, rtol=1e-5, atol=1e-3)
+        assert len({bits[call] for _, bits in everyone}) == 1, f"call {call}: the ranks' sums differ"

@@ -28,9 +28,6 @@ constexpr uint64_t kAllRide = uint64_t{1} << 7;
 // Word 0, bit 8: set by a rank whose last cycle's requests could ride with the next ANDs. After
 // the AND, set when they could on every rank: from the next cycle on, their values travel.
 constexpr uint64_t kCandidateRides = uint64_t{1} << 8;
-// Cycles in a row that the agreed riders may miss (each sends their values for nothing) before
-// they no longer travel; any cycle that finds them again as a candidate resets the count.
-constexpr int kRidesMissedAtMost = 2;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
 
 }  // namespace
@@ -403,13 +400,12 @@ bool Engine::RunCycle(bool* progress) {
   // What may ride next: decided from what every rank knows alike, before `ready` is handed back.
   const bool slow_path = !(bits[0] & kNobodyReports);
   const bool rode = bits[0] & kAllRide;
-  if (!riding_.bits.empty()) rides_missed_ = rode ? 0 : rides_missed_ + 1;
-  if (bits[0] & kCandidateRides) {
-    riding_ = candidate_;
-    rides_missed_ = 0;
-  }
+  // A cycle the riders missed sent their values for nothing: they stop until they run again
+  // (a step of several large cycles and one small one would otherwise pay in each large one).
+  if (!rode) riding_ = Riders{};
+  if (bits[0] & kCandidateRides) riding_ = candidate_;
   // The slow path may have given the riders' cache slots to other requests.
-  if (rides_missed_ > kRidesMissedAtMost || slow_path || any_joined_) riding_ = Riders{};
+  if (slow_path || any_joined_) riding_ = Riders{};
   candidate_ = slow_path ? Riders{} : RidersOf(ready);
 
   fusion.ForgetLastRun();

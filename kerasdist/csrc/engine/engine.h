@@ -164,10 +164,9 @@ class Engine {
   bool any_joined_ = false;
   std::vector<std::unique_ptr<Collective>> zero_entries_;  // this cycle's stand-ins
   // Small allreduces that ride with negotiation (RunCycle): the set every rank has agreed may
-  // ride (its values travel with each AND), the cycles in a row it has not, this rank's
-  // candidate (the last cycle's set, if it could ride), and the values' buffer.
+  // ride (its values travel with the next AND), this rank's candidate (the last cycle's set, if
+  // it could ride), and the values' buffer.
   Riders riding_, candidate_;
-  int rides_missed_ = 0;
   std::vector<float> rider_values_;
 
   std::mutex executions_mu_;
