@@ -283,12 +283,13 @@ def print_summary(summary, names):
             f"{throughput['worst'][name]:8.1f} {step_ms:8.1f} {cpu_ms:17.1f} {cpu_ms / step_ms:9.2f}"
         )
     engine = summary["engine_ms_per_step"]
-    busy = sum(value for key, value in engine.items() if key != "cycles")
+    phases = {key: value for key, value in engine.items() if key not in ("cycles", "rode")}
     print(
         f"\n{KERASDIST_N}: the engine thread per step (ms, median of rounds; step "
-        f"{summary['step_ms'][KERASDIST_N]:.1f} ms, {engine['cycles']:.1f} negotiation cycles): "
-        + ", ".join(f"{key} {value:.2f}" for key, value in engine.items() if key != "cycles")
-        + f"; busy {busy:.2f}"
+        f"{summary['step_ms'][KERASDIST_N]:.1f} ms, {engine['cycles']:.1f} negotiation cycles, "
+        f"{engine['rode']:.1f} collectives rode with them): "
+        + ", ".join(f"{key} {value:.2f}" for key, value in phases.items())
+        + f"; busy {sum(phases.values()):.2f}"
     )
     estimates = summary["ratios"]
     n = RANKS.value

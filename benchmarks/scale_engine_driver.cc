@@ -111,13 +111,14 @@ void Phase(FILE* out, int phase, int steps, Body body) {
 int Start(const char* fusion_threshold_bytes, const char* cache_capacity) {
   // Staleness timers off (stall warning, mismatch check): a cached request then takes the fast
   // path however long the oversubscribed ranks take, so the counts do not depend on the load.
-  const char* names[] = {"fusion_threshold_bytes", "fusion_tuning", "cycle_time_ms", "stall_warning_s",
+  const char* names[] = {"fusion_threshold_bytes", "fusion_tuning", "piggyback_bytes", "cycle_time_ms", "stall_warning_s",
                          "stall_timeout_s", "mismatch_timeout_s", "collective_timeout_s", "cache_capacity",
                          "timeline_path", "log_level", "allreduce_algorithm", "autotune", "autotune_file"};
-  // Autotune off: the tuner's timed choice of algorithm would make the data's messages depend on the load.
-  const char* values[] = {fusion_threshold_bytes, "0", "0", "0", "0", "0", "300", cache_capacity, "", "2", "auto", "0", ""};
+  // Autotune off: the tuner's timed choice of algorithm would make the data's messages depend on the
+  // load. Piggybacking off: the counts are of negotiation and data apart, the path of any size.
+  const char* values[] = {fusion_threshold_bytes, "0", "0", "0", "0", "0", "0", "300", cache_capacity, "", "2", "auto", "0", ""};
   char error[1024] = "";
-  const int rc = kerasdist_start(13, names, values, error, sizeof(error));
+  const int rc = kerasdist_start(14, names, values, error, sizeof(error));
   if (rc != 0) std::printf("rank %d: kerasdist_start: %s\n", g_rank, error);
   return rc;
 }

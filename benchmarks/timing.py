@@ -70,14 +70,14 @@ def engine_busy_phases(engine_times):
     """The engine thread's working phases, as `engine_times()` (kd.engine_times) names them. Its
     idle time is left out: a stretch of idle is charged when the engine next wakes, maybe inside
     the next case."""
-    return [key for key in engine_times() if key not in ("idle", "pickup", "cycles", "collectives")]
+    return [key for key in engine_times() if key not in ("idle", "pickup", "cycles", "collectives", "rode")]
 
 
 def compare_with_engine_phases(harness, cases, engine_times):
     """`harness.compare(cases)`; every case whose name does not start with "raw" also gets phases_s: where the engine
     thread's time per op went, the mean of the ranks (`phase_breakdown`)."""
     busy = engine_busy_phases(engine_times)
-    keys = (*busy, "pickup", "cycles")
+    keys = (*busy, "pickup", "cycles", "rode")
     spent = {name: np.zeros(len(keys)) for name in cases}
 
     @contextlib.contextmanager
@@ -101,23 +101,27 @@ def phase_breakdown(busy, per_op, op_s):
     which the engine thread had nothing to do (TensorFlow between ops, the engine's wake-up)."""
     phases = dict(zip(busy, per_op[: len(busy)]))
     phases["outside"] = max(0.0, op_s - sum(phases.values()))
-    phases["pickup"] = per_op[-2]  # summed over the op's collectives
-    phases["cycles"] = per_op[-1]
+    phases["pickup"] = per_op[-3]  # summed over the op's collectives
+    phases["cycles"] = per_op[-2]
+    phases["rode"] = per_op[-1]  # collectives whose data went with the negotiation
     return phases
 
 
 def breakdown_table(rows):
     """rows: (label, raw seconds, phases_s) -> the lines of a table in µs per op."""
-    columns = [key for key in rows[0][2] if key not in ("outside", "pickup", "cycles")] + ["outside"]
+    columns = [key for key in rows[0][2] if key not in ("outside", "pickup", "cycles", "rode")] + ["outside"]
     lines = [
         "  where kerasdist's time per op goes, µs (mean of the ranks): the engine thread's phases"
         " (kd.engine_times()),\n  `outside` = the rest of the wall time (TensorFlow between ops, waking"
-        " the engine); pickup = enqueued -> taken up",
-        f"  {'':<28}" + "".join(f"{c:>12}" for c in columns) + f"{'raw MPI':>10}{'pickup':>9}{'cycles':>8}",
+        " the engine); pickup = enqueued -> taken up; rode: ops whose data went with the negotiation",
+        f"  {'':<28}" + "".join(f"{c:>12}" for c in columns) + f"{'raw MPI':>10}{'pickup':>9}{'cycles':>8}{'rode':>6}",
     ]
     for label, raw_s, phases in rows:
         cells = "".join(f"{phases[c] * 1e6:12.1f}" for c in columns)
-        lines.append(f"  {label:<28}{cells}{raw_s * 1e6:10.1f}{phases['pickup'] * 1e6:9.1f}{phases['cycles']:8.2f}")
+        lines.append(
+            f"  {label:<28}{cells}{raw_s * 1e6:10.1f}{phases['pickup'] * 1e6:9.1f}{phases['cycles']:8.2f}"
+            f"{phases['rode']:6.2f}"
+        )
     return "\n".join(lines)
 
 

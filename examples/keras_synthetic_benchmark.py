@@ -122,15 +122,19 @@ class IterationTimer(keras.callbacks.Callback):
 
 def engine_phases_per_step(before, after):
     """The engine thread's busy phases (kerasdist.engine_times()) in ms per timed step, and its
-    negotiation cycles per step, the mean of the ranks; every rank must call it. Idle is left out:
-    a stretch of it is charged when the engine next wakes."""
+    negotiation cycles and collectives that rode with them per step, the mean of the ranks; every
+    rank must call it. Idle is left out: a stretch of it is charged when the engine next wakes."""
     import kerasdist
 
     steps = NUM_ITERS.value * NUM_BATCHES_PER_ITER.value
-    busy = [key for key in after if key not in ("idle", "pickup", "cycles", "collectives")]
-    mine = [(after[key] - before[key]) / steps for key in [*busy, "cycles"]]
+    counts = ("cycles", "rode")
+    busy = [key for key in after if key not in ("idle", "pickup", "collectives", *counts)]
+    mine = [(after[key] - before[key]) / steps for key in [*busy, *counts]]
     mean = np.mean(kerasdist.allgather_object(mine), axis=0)
-    return {**{key: 1e3 * value for key, value in zip(busy, mean)}, "cycles": float(mean[-1])}
+    return {
+        **{key: 1e3 * value for key, value in zip(busy, mean)},
+        **{key: float(value) for key, value in zip(counts, mean[len(busy) :])},
+    }
 
 
 def synthetic_batches(image_size, num_classes, batch_size, seed):

@@ -244,6 +244,18 @@ KNOBS = (
         flag_to_text=_mebibytes_to_bytes,
     ),
     Knob(
+        "piggyback_bytes",
+        "KERASDIST_PIGGYBACK_BYTES",
+        "--piggyback-bytes",
+        4096,
+        _integer(0, 2**20, " bytes"),
+        "float32 Sum and Average allreduces of up to this many bytes in all that repeat cycle after cycle "
+        "(a step's small tensors, metrics) travel with the negotiation that agrees on them: one exchange "
+        "instead of two; a cycle where some rank lacks them sends these bytes for nothing; 0: never",
+        metavar="BYTES",
+        to_engine=repr,
+    ),
+    Knob(
         "cycle_time_ms",
         "KERASDIST_CYCLE_TIME_MS",
         "--cycle-time-ms",

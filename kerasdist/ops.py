@@ -192,6 +192,7 @@ def _tensor_name(kind, name):
 
 
 _executions_per_graph = weakref.WeakKeyDictionary()
+_traced_functions = itertools.count()
 _eager_execution = []  # the -1 that eager calls carry, made once
 
 
@@ -216,8 +217,13 @@ def _execution():
     with _calls_per_site_lock:
         count = _executions_per_graph.get(graph)
     if count is None:
+        # One count per traced function: two functions of one Python name (two lambdas, a train
+        # and a test step) would otherwise share a count, and in turns each would skip numbers
+        # and leave the fast path on every call.
+        with _calls_per_site_lock:
+            function = f"{graph.name}#{next(_traced_functions)}"
         with graph.as_default():
-            count = _ops().kerasdist_execution_count(function=graph.name)
+            count = _ops().kerasdist_execution_count(function=function)
         with _calls_per_site_lock:
             _executions_per_graph[graph] = count
     return count

@@ -291,13 +291,13 @@ void CheckJoin() {
 }
 
 int Start(const char* fusion_threshold_bytes) {
-  const char* names[] = {"fusion_threshold_bytes", "fusion_tuning", "cycle_time_ms", "stall_warning_s",
+  const char* names[] = {"fusion_threshold_bytes", "fusion_tuning", "piggyback_bytes", "cycle_time_ms", "stall_warning_s",
                          "stall_timeout_s", "mismatch_timeout_s", "collective_timeout_s", "cache_capacity",
                          "timeline_path", "log_level", "allreduce_algorithm", "autotune", "autotune_file"};
   // A collective timeout well inside the test's own: a hang ends with the engine's message.
-  const char* values[] = {fusion_threshold_bytes, "1", "1", "60", "0", "5", "60", "1024", "", "2", "auto", "1", ""};
+  const char* values[] = {fusion_threshold_bytes, "1", "4096", "1", "60", "0", "5", "60", "1024", "", "2", "auto", "1", ""};
   char error[1024] = "";
-  const int rc = kerasdist_start(13, names, values, error, sizeof(error));
+  const int rc = kerasdist_start(14, names, values, error, sizeof(error));
   Check(rc == 0, std::string("kerasdist_start: ") + error);
   return rc;
 }

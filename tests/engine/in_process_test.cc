@@ -206,6 +206,7 @@ class Rank {
   ~Rank() { engine_.Shutdown(); }
 
   int rank() const { return rank_; }
+  int64_t riders() const { return engine_.phases().riders(); }
   void OnDevice(bool on_device) { on_device_ = on_device; }
   bool on_device() const { return on_device_; }
   int orderings() const { return orderings_; }
@@ -520,7 +521,94 @@ void RunJob(int64_t fusion_threshold_bytes) {
         CheckAMismatchFailsOnEveryRank(me);
       }
       Check(r, me.orderings() > 0, "the device collectives never ordered themselves after the front end");
+      Check(r, me.riders() == 0, "with piggybacking off (0 bytes), nothing rode");
     });  // ~Rank shuts its engine down, with the others
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Calls `name` (float32 tensors of `sizes` values; rank-dependent small integers, so sums are
+// exact) with `op` on this rank and checks the result against the sum computed here.
+void CheckSmallAllreduce(Rank& me, const std::string& name, const std::vector<int64_t>& sizes, kd::ReduceOp op,
+                         int call, double prescale = 1.0, double postscale = 1.0) {
+  std::vector<std::vector<float>> tensors;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    tensors.emplace_back(sizes[t]);
+    for (int64_t i = 0; i < sizes[t]; ++i) tensors[t][i] = static_cast<float>(Local(me.rank(), t, i, call));
+  }
+  const kd::Status s = me.StartGroupedAllreduce(name, &tensors, kd::DataType::kFloat32, op, kd::DataType::kFloat32,
+                                                prescale, postscale)
+                           .get();
+  Check(me.rank(), s.ok(), name + ": " + s.message);
+  int wrong = 0;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    for (int64_t i = 0; i < sizes[t]; ++i) {
+      double expected = 0;
+      for (int r = 0; r < kRanks; ++r) expected += prescale * Local(r, t, i, call);
+      expected *= postscale / (op == kd::ReduceOp::kAverage ? kRanks : 1);
+      if (std::fabs(tensors[t][i] - expected) > 1e-5 * std::max(1.0, std::fabs(expected))) ++wrong;
+    }
+  }
+  Check(me.rank(), wrong == 0, name + " call " + std::to_string(call) + ": " + std::to_string(wrong) + " wrong");
+}
+
+// Small float32 allreduces ride with negotiation (KERASDIST_PIGGYBACK_BYTES): repeated ones ride
+// from their fifth cycle on, alternating ones too; the sums are right whether they ride or not,
+// when one rank has something else pending (the values travel and are dropped), and never for a
+// set over the limit or of integers.
+void RunJobWithRiders() {
+  in_process::World world(kRanks);
+  kd::EngineOptions options;
+  options.fusion_threshold_bytes = int64_t{1} << 20;
+  options.piggyback_bytes = 4096;
+  options.cache_capacity = 64;
+  options.mismatch_timeout_s = 10;
+  options.log_level = 3;
+  constexpr int kCalls = 20;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&world, &options, r] {
+      Rank me(&world, r, options);
+      for (int call = 0; call < kCalls; ++call) {
+        CheckSmallAllreduce(me, "summed", {1, 300}, kd::ReduceOp::kSum, call);
+        CheckSmallAllreduce(me, "averaged", {7, 2, 5}, kd::ReduceOp::kAverage, call, 0.5, 2.0);
+      }
+      // Two names take turns, one cycle each: after the first four, every cycle rides.
+      Check(r, me.riders() >= 2 * kCalls - 4, "alternating small allreduces rode " + std::to_string(me.riders()) +
+                                                  " times in " + std::to_string(2 * kCalls) + " cycles");
+
+      // Rank 2 has another cached request pending first: the others' values travel for nothing.
+      std::vector<std::vector<float>> other = {std::vector<float>(1, static_cast<float>(r)),
+                                               std::vector<float>(300, static_cast<float>(r))};
+      std::future<kd::Status> summed;
+      if (r == 2) {
+        summed = me.StartGroupedAllreduce("summed", &other, kd::DataType::kFloat32, kd::ReduceOp::kSum,
+                                          kd::DataType::kFloat32);
+        std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      }
+      CheckSmallAllreduce(me, "averaged", {7, 2, 5}, kd::ReduceOp::kAverage, kCalls, 0.5, 2.0);
+      if (r != 2) {
+        summed = me.StartGroupedAllreduce("summed", &other, kd::DataType::kFloat32, kd::ReduceOp::kSum,
+                                          kd::DataType::kFloat32);
+      }
+      const kd::Status s = summed.get();
+      Check(r, s.ok() && other[0] == std::vector<float>(1, 3) && other[1] == std::vector<float>(300, 3),
+            "'summed' beside another rank's order");
+
+      // Riding resumes; never for 4100 bytes or for integers.
+      const int64_t before = me.riders();
+      for (int call = 0; call < 10; ++call) CheckSmallAllreduce(me, "summed", {1, 300}, kd::ReduceOp::kSum, call);
+      Check(r, me.riders() - before >= 10 - 4, "riding resumed: " + std::to_string(me.riders() - before));
+      const int64_t before_large = me.riders();
+      for (int call = 0; call < 8; ++call) CheckSmallAllreduce(me, "4100 bytes", {1025}, kd::ReduceOp::kSum, call);
+      for (int call = 0; call < 8; ++call) {
+        std::vector<std::vector<int32_t>> integers = {std::vector<int32_t>(4, r + call)};
+        const kd::Status summed = me.GroupedAllreduce("integers", &integers, kd::DataType::kInt32, kd::ReduceOp::kSum,
+                                                      kd::DataType::kInt32);
+        Check(r, summed.ok() && integers[0] == std::vector<int32_t>(4, 3 * call + 3), "an int32 sum");
+      }
+      Check(r, me.riders() == before_large, "over the limit or of integers, nothing rode");
+    });
   }
   for (auto& t : threads) t.join();
 }
@@ -743,6 +831,8 @@ int main() {
     std::printf("fusion threshold %lld: done\n", static_cast<long long>(threshold));
     std::fflush(stdout);
   }
+  RunJobWithRiders();
+  std::printf("riders: done\n");
   RunJobWithARankThatNeverSubmits();
   for (bool large_calls_slow : {true, false}) RunJobThatTunesFusion(large_calls_slow);
   std::printf("fusion tuning: done\n");

@@ -144,10 +144,18 @@ class ControlPlane : public kd::ControlPlane {
     return hosts;
   }
 
-  kd::Status StartBitwiseAnd(uint64_t* words, size_t count) override {
+  kd::Status StartBitwiseAnd(uint64_t* words, size_t count, float* sums, size_t sum_count) override {
     words_ = words;
     count_ = count;
-    and_step_ = world_->Deposit(rank_, "bitwise AND of " + std::to_string(count) + " words", ToBytes(words, count));
+    sums_ = sums;
+    sum_count_ = sum_count;
+    Bytes mine = ToBytes(words, count);
+    const Bytes values = ToBytes(sums, sum_count, sizeof(float));
+    mine.insert(mine.end(), values.begin(), values.end());
+    and_step_ = world_->Deposit(rank_,
+                                "bitwise AND of " + std::to_string(count) + " words with " +
+                                    std::to_string(sum_count) + " sums",
+                                std::move(mine));
     return kd::Status::OK();
   }
 
@@ -161,6 +169,16 @@ class ControlPlane : public kd::ControlPlane {
         std::memcpy(&word, theirs.data() + w * sizeof(word), sizeof(word));
         words_[w] &= word;
       }
+    }
+    // Added in rank order on every rank, as MPI's result is the same on every rank.
+    for (size_t f = 0; f < sum_count_; ++f) {
+      float total = 0;
+      for (const Bytes& theirs : all) {
+        float value;
+        std::memcpy(&value, theirs.data() + count_ * sizeof(uint64_t) + f * sizeof(value), sizeof(value));
+        total += value;
+      }
+      sums_[f] = total;
     }
     return kd::Status::OK();
   }
@@ -194,6 +212,8 @@ class ControlPlane : public kd::ControlPlane {
   const int rank_;
   uint64_t* words_ = nullptr;
   size_t count_ = 0;
+  float* sums_ = nullptr;
+  size_t sum_count_ = 0;
   int64_t and_step_ = -1;
 };
 

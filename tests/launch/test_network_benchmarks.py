@@ -48,10 +48,12 @@ def test_network_allreduce_reports_both_ops_fusion_and_every_compression(tmp_pat
         ("Average", 65536),
     ]
     assert all(row["raw_s"] > 0 and row["ours_s"] > 0 for row in results["sizes"])
-    # Where each op's time went, as the engine thread measured it around that case's runs.
+    # Where each op's time went, as the engine thread measured it around that case's runs: 4 KiB
+    # rides with the negotiation (KERASDIST_PIGGYBACK_BYTES), so its data moves there.
     for row in results["sizes"]:
         phases = row["phases_s"]
-        assert phases["transfer"] > 0 and phases["negotiation"] > 0 and phases["cycles"] > 0, row
+        assert phases["negotiation"] > 0 and phases["cycles"] > 0, row
+        assert (phases["rode"] > 0) == (row["bytes"] == 4096) and (phases["transfer"] > 0 or phases["rode"] > 0), row
     assert set(results["many"]["seconds"]) == {"raw per tensor", "raw flat", "grouped"}
     times = ["bf16", "bytes", "fp16", "none", "raw", "raw16"]
     ratios = [f"{name}_over_none{suffix}" for name in ("bf16", "fp16") for suffix in ("", "_range")]

@@ -86,6 +86,10 @@ const std::map<std::string, Setter>& Setters() {
          o.autotune_file = t;
          return true;
        }},
+      {"piggyback_bytes",
+       [](kerasdist::EngineOptions& o, const std::string& t) {
+         return ParseInteger(t, 0, INT32_MAX, &o.piggyback_bytes);
+       }},
       {"cycle_time_ms", [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.cycle_time_ms); }},
       {"stall_warning_s",
        [](kerasdist::EngineOptions& o, const std::string& t) { return ParseNumber(t, &o.stall_warning_s); }},
@@ -264,6 +268,7 @@ int kerasdist_engine_times(const char** names, double* values, int capacity) {
   entries.push_back({"pickup", clock.pickup_seconds()});
   entries.push_back({"cycles", static_cast<double>(clock.cycles())});
   entries.push_back({"collectives", static_cast<double>(clock.collectives())});
+  entries.push_back({"rode", static_cast<double>(clock.riders())});
   const int count = static_cast<int>(entries.size());
   for (int i = 0; i < count && i < capacity; ++i) {
     names[i] = entries[i].first;

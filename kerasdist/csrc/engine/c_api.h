@@ -45,8 +45,9 @@ int kerasdist_stalled(void);
 /* Where the engine thread's time went since it started: seconds per phase (idle, negotiation,
    slow_path, copy_in, transfer, outputs, hand_back, other; together the thread's wall time), then
    "pickup" (seconds collectives waited, summed, between being enqueued and a cycle taking them up),
-   "cycles" and "collectives" (counts). Fills up to `capacity` names and values; returns how many
-   there are. */
+   "cycles", "collectives" and "rode" (counts; "rode": collectives whose sums travelled with the
+   negotiation, KERASDIST_PIGGYBACK_BYTES). Fills up to `capacity` names and values; returns how
+   many there are. */
 int kerasdist_engine_times(const char** names, double* values, int capacity);
 
 int kerasdist_grouped_allreduce(const char* name, int tensor_count, const void* const* inputs, void* const* outputs,

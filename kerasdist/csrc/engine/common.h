@@ -130,6 +130,7 @@ struct EngineOptions {
   bool fusion_tuning = false;          // with autotune, rank 0 may pick 1 MiB groups instead
   std::string autotune_file;           // rank 0 reads and writes its choice there when set
   double cycle_time_ms = 0.0;          // coalescing window after work arrives
+  int64_t piggyback_bytes = 0;         // small allreduces up to this size ride with negotiation; 0: never
   double stall_warning_s = 0.0;        // 0 disables warnings
   double stall_timeout_s = 0.0;        // 0: wait forever
   double mismatch_timeout_s = 0.0;     // every rank blocked in a different call; 0: never

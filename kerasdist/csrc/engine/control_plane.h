@@ -31,12 +31,16 @@ class ControlPlane {
   // while starting.
   virtual std::vector<std::string> HostNames() = 0;
 
-  // Starts the cycle's bitwise AND of `count` words across ranks, in place in `words`, which
-  // stay the caller's until TestBitwiseAnd says done. One at a time; it completes only when every
-  // rank has started it, so a rank that never does keeps the others waiting (what the stall
-  // inspector is for).
-  virtual Status StartBitwiseAnd(uint64_t* words, size_t count) = 0;
-  // Whether the AND started last has completed (then `words` holds the result); never blocks.
+  // Starts the cycle's bitwise AND of `count` words across ranks, in place in `words`, and in
+  // the same exchange the sum across ranks of the `sum_count` float32 values at `sums` (the small
+  // allreduces that ride with negotiation, engine.cc; none when `sum_count` is 0). Every rank
+  // passes the same `count` and `sum_count`, and gets bitwise the same sums. Both stay the
+  // caller's until TestBitwiseAnd says done. One at a time; it completes only when every rank has
+  // started it, so a rank that never does keeps the others waiting (what the stall inspector is
+  // for).
+  virtual Status StartBitwiseAnd(uint64_t* words, size_t count, float* sums, size_t sum_count) = 0;
+  // Whether the AND started last has completed (then `words` and `sums` hold the results); never
+  // blocks.
   virtual Status TestBitwiseAnd(bool* done) = 0;
 
   // Rank 0 receives every rank's `mine`, in rank order, in `gathered`; other ranks' `gathered`

@@ -22,6 +22,12 @@ constexpr uint64_t kNobodyBlockedEagerly = 8;
 // sets its Tuner's setting there, every other rank all three bits, so the AND is rank 0's setting.
 constexpr int kSettingShift = 4;
 constexpr uint64_t kSettingMask = (uint64_t{1} << Tuner::kSettingBits) - 1;
+// Word 0, bit 7: set by a rank whose pending requests are exactly the agreed riders (RunCycle),
+// with their values in the AND's sums. After the AND, set when every rank's are: the sums are done.
+constexpr uint64_t kAllRide = uint64_t{1} << 7;
+// Word 0, bit 8: set by a rank whose last cycle's requests could ride with the next ANDs. After
+// the AND, set when they could on every rank: from the next cycle on, their values travel.
+constexpr uint64_t kCandidateRides = uint64_t{1} << 8;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
 
 }  // namespace
@@ -321,10 +327,35 @@ bool Engine::RunCycle(bool* progress) {
   if (!blocked_eagerly) bits[0] |= kNobodyBlockedEagerly;
   bits[0] |= (tuner_ ? static_cast<uint64_t>(tuner_->setting()) : kSettingMask) << kSettingShift;
 
+  // Small allreduces that repeat cycle after cycle ride with the AND: while a set of them is
+  // agreed, every rank sends its values with each AND (the same count everywhere), and when every
+  // rank has exactly that set pending and nothing to report, the sums arrive with the negotiation:
+  // one exchange instead of two. A rank that cannot ride sends zeros and clears kAllRide; the
+  // cycle then runs as if nothing had ridden.
+  rider_values_.assign(riding_.values, 0.0f);
+  std::vector<Collective*> riders;
+  if (!riding_.bits.empty() && !report && std::equal(bits.begin() + 1, bits.end(), riding_.bits.begin() + 1)) {
+    size_t values = 0;
+    for (size_t w = 1; w < words_; ++w) {
+      for (uint64_t word = bits[w]; word; word &= word - 1) {
+        Collective* c = pending_.at(cache_.name(static_cast<int32_t>(w * 64 + __builtin_ctzll(word)) - kFlagBits)).get();
+        if (!Executor::CanRide(c->request)) values = SIZE_MAX;
+        if (values != SIZE_MAX) values += Executor::RiderValues(c->request);
+        riders.push_back(c);
+      }
+    }
+    if (values == riding_.values) {
+      host_executor_->PackRiders(riders, rider_values_.data());
+      bits[0] |= kAllRide;
+    }
+  }
+  if (!candidate_.bits.empty()) bits[0] |= kCandidateRides;
+
   phases_.Charge(Phase::kOther);
   phases_.CountCycle();
   watchdog_->ArmForNegotiationCall();
-  Status status = control_plane_->StartBitwiseAnd(bits.data(), words_);
+  const auto exchange_started = Clock::now();
+  Status status = control_plane_->StartBitwiseAnd(bits.data(), words_, rider_values_.data(), rider_values_.size());
   if (status.ok()) status = stall_inspector_->WaitForPeers([this] { return PendingNames(8); }, watchdog_.get());
   watchdog_->Disarm();
   phases_.Charge(Phase::kNegotiation);
@@ -366,8 +397,32 @@ bool Engine::RunCycle(bool* progress) {
     host_executor_->backend().UseAllreduceChoice(allreduce_choices_[choice]);
     allreduce_choice_ = choice;
   }
+  // What may ride next: decided from what every rank knows alike, before `ready` is handed back.
+  const bool slow_path = !(bits[0] & kNobodyReports);
+  const bool rode = bits[0] & kAllRide;
+  // A cycle the riders missed sent their values for nothing: they stop until they run again
+  // (a step of several large cycles and one small one would otherwise pay in each large one).
+  if (!rode) riding_ = Riders{};
+  if (bits[0] & kCandidateRides) riding_ = candidate_;
+  // The slow path may have given the riders' cache slots to other requests.
+  if (slow_path || any_joined_) riding_ = Riders{};
+  candidate_ = slow_path ? Riders{} : RidersOf(ready);
+
   fusion.ForgetLastRun();
-  Execute(ready);
+  if (rode) {
+    // Every rank had exactly the riders pending: `ready` is them, in the order they were packed.
+    for (Ready& r : ready) {
+      r.collective->contributors = size_;
+      if (timeline_.enabled()) {
+        timeline_.Phase(r.collective->request.name, "queued", r.collective->enqueued, exchange_started);
+        timeline_.Phase(r.collective->request.name, "allreduce", exchange_started, negotiated);
+      }
+    }
+    phases_.CountRiders(static_cast<int64_t>(riders.size()));
+    host_executor_->FinishRiders(riders, rider_values_.data(), [this](Collective* c) { Finish(c, c->status); });
+  } else {
+    Execute(ready);
+  }
   if (tuner_) tuner_->Record(setting, fusion.last_bytes(), fusion.last_fused_bytes(), fusion.last_seconds());
   zero_entries_.clear();
 
@@ -479,6 +534,21 @@ std::unique_ptr<Collective> Engine::ZeroCollective(const Response& response) {
   e->alias = [](int, FusionBuffer*, size_t, const Shape&) { return Status::OK(); };  // the result is dropped
   e->done = [](const Status&) {};
   return e;
+}
+
+Engine::Riders Engine::RidersOf(const std::vector<Ready>& ready) const {
+  if (options_.piggyback_bytes <= 0 || ready.empty() || any_joined_) return Riders{};
+  Riders riders;
+  riders.bits.assign(words_, 0);
+  for (const Ready& r : ready) {
+    const int32_t id = cache_.Find(r.collective->request.name);
+    if (id < 0 || !r.response.status.ok() || !Executor::CanRide(r.collective->request)) return Riders{};
+    const int bit = kFlagBits + id;
+    riders.bits[bit / 64] |= uint64_t{1} << (bit % 64);
+    riders.values += Executor::RiderValues(r.collective->request);
+  }
+  if (riders.values * sizeof(float) > static_cast<size_t>(options_.piggyback_bytes)) return Riders{};
+  return riders;
 }
 
 void Engine::Execute(std::vector<Ready>& ready) {

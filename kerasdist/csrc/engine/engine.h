@@ -104,6 +104,13 @@ class Engine {
   // A joined rank's stand-in for `response`, which it runs with zeros.
   std::unique_ptr<Collective> ZeroCollective(const Response& response);
   void Execute(std::vector<Ready>& ready);
+  // The small allreduces of a cycle, if they can ride with the next cycles' AND (RunCycle).
+  struct Riders {
+    std::vector<uint64_t> bits;  // their cache bits (word 0 unused); empty: none
+    size_t values = 0;           // float32 values in all
+  };
+  // A fast-path cycle's `ready`, if it could ride; none otherwise.
+  Riders RidersOf(const std::vector<Ready>& ready) const;
   // Runs the cycle's device collectives, creating their executor on first use.
   void ExecuteOnDevice(const Executor::Ready& ready);
   // An executor over `backend` (watched from here on) and `memory`.
@@ -156,6 +163,11 @@ class Engine {
   // path is untouched for jobs that never join.
   bool any_joined_ = false;
   std::vector<std::unique_ptr<Collective>> zero_entries_;  // this cycle's stand-ins
+  // Small allreduces that ride with negotiation (RunCycle): the set every rank has agreed may
+  // ride (its values travel with the next AND), this rank's candidate (the last cycle's set, if
+  // it could ride), and the values' buffer.
+  Riders riding_, candidate_;
+  std::vector<float> rider_values_;
 
   std::mutex executions_mu_;
   std::map<std::string, int64_t> executions_;  // guarded by executions_mu_

@@ -1,5 +1,7 @@
 #include "executor.h"
 
+#include <algorithm>
+
 namespace kerasdist {
 namespace {
 
@@ -84,6 +86,48 @@ void Executor::Finish(const std::vector<Collective*>& collectives, const std::fu
     c->Fail(synchronized);
     finished(c);
   }
+}
+
+bool Executor::CanRide(const Request& request) {
+  if (request.kind != OpKind::kAllreduce || request.device != Device::kCpu) return false;
+  if (request.reduce_op != ReduceOp::kSum && request.reduce_op != ReduceOp::kAverage) return false;
+  return std::all_of(request.tensors.begin(), request.tensors.end(), [](const TensorSpec& spec) {
+    return spec.dtype == DataType::kFloat32 && !spec.compressed();
+  });
+}
+
+size_t Executor::RiderValues(const Request& request) {
+  size_t values = 0;
+  for (const TensorSpec& spec : request.tensors) values += static_cast<size_t>(NumElements(spec.shape));
+  return values;
+}
+
+void Executor::PackRiders(const std::vector<Collective*>& riders, float* values) {
+  for (Collective* c : riders) {
+    c->Fail(memory_->OrderAfterFrontEnd(c));  // before anything reads its inputs
+    for (size_t t = 0; t < c->request.tensors.size(); ++t) {
+      const int64_t count = NumElements(c->request.tensors[t].shape);
+      c->Fail(memory_->Copy(values, DataType::kFloat32, c->inputs[t], DataType::kFloat32, count, ScaleIn(*memory_, *c),
+                            c->request.name));
+      values += count;
+    }
+  }
+}
+
+void Executor::FinishRiders(const std::vector<Collective*>& riders, const float* values,
+                            const std::function<void(Collective*)>& finished) {
+  for (Collective* c : riders) {
+    for (size_t t = 0; t < c->request.tensors.size(); ++t) {
+      const TensorSpec& spec = c->request.tensors[t];
+      const int64_t count = NumElements(spec.shape);
+      void* out = nullptr;
+      c->Fail(AllocateOutput(*memory_, c, static_cast<int>(t), spec.shape, spec.dtype, &out));
+      c->Fail(memory_->Copy(out, spec.dtype, values, spec.dtype, count, 1.0, c->request.name));
+      c->FinishOutput(static_cast<int>(t), out, count);
+      values += count;
+    }
+  }
+  Finish(riders, finished);
 }
 
 Status Executor::RunAllgather(Collective* c, const Response& r) {

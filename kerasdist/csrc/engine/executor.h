@@ -35,6 +35,19 @@ class Executor {
   // `finished` for each once its outputs hold its results; a failure goes to its status.
   void Run(const Ready& ready, const std::function<void(Collective*)>& finished);
   Fusion& fusion() { return fusion_; }
+
+  // Small allreduces that ride with negotiation (Engine::RunCycle): their values travel with the
+  // AND, as float32, one collective's tensors after another's. Whether `request` can: a float32
+  // Sum or Average in host memory, uncompressed.
+  static bool CanRide(const Request& request);
+  // How many float32 values `request`'s tensors hold.
+  static size_t RiderValues(const Request& request);
+  // Copies `riders`' inputs, prescaled, into `values`.
+  void PackRiders(const std::vector<Collective*>& riders, float* values);
+  // Hands `riders` back, their outputs holding the sums at `values` (laid out as PackRiders
+  // packed them), finished as a reduction here would finish them.
+  void FinishRiders(const std::vector<Collective*>& riders, const float* values,
+                    const std::function<void(Collective*)>& finished);
   Backend& backend() { return *backend_; }
 
  private:

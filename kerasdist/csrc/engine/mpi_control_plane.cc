@@ -19,6 +19,23 @@ void AbortWorld() {
   if (initialized && !finalized) MPI_Abort(MPI_COMM_WORLD, 1);
 }
 
+// MPI_Op of an AND with sums (MpiControlPlane::exchange_): ANDs the words and adds the floats of
+// each element of `in` into `inout`. Commutative in both parts, so every rank's result is the same.
+void AndWordsAddFloats(void* in, void* inout, int* len, MPI_Datatype*) {
+  auto* theirs = static_cast<const uint64_t*>(in);
+  auto* mine = static_cast<uint64_t*>(inout);
+  for (int element = 0; element < *len; ++element) {
+    const uint64_t words = mine[0], floats = mine[1];
+    for (uint64_t w = 0; w < words; ++w) mine[2 + w] &= theirs[2 + w];
+    const auto* their_sums = reinterpret_cast<const float*>(theirs + 2 + words);
+    auto* sums = reinterpret_cast<float*>(mine + 2 + words);
+    for (uint64_t f = 0; f < floats; ++f) sums[f] += their_sums[f];
+    const uint64_t element_words = 2 + words + (floats + 1) / 2;
+    theirs += element_words;
+    mine += element_words;
+  }
+}
+
 }  // namespace
 
 MpiControlPlane::MpiControlPlane(MPI_Comm comm) : comm_(comm) {
@@ -28,6 +45,7 @@ MpiControlPlane::MpiControlPlane(MPI_Comm comm) : comm_(comm) {
     outbox.requests.assign(size_, MPI_REQUEST_NULL);
     outbox.values = std::make_unique<int64_t[]>(size_);
   }
+  MPI_Op_create(AndWordsAddFloats, /*commute=*/1, &and_with_sum_);
 }
 
 MpiControlPlane::~MpiControlPlane() {
@@ -60,8 +78,27 @@ std::vector<std::string> MpiControlPlane::HostNames() {
   return hosts;
 }
 
-Status MpiControlPlane::StartBitwiseAnd(uint64_t* words, size_t count) {
-  const int code = MPI_Iallreduce(MPI_IN_PLACE, words, static_cast<int>(count), MPI_UINT64_T, MPI_BAND, comm_,
+Status MpiControlPlane::StartBitwiseAnd(uint64_t* words, size_t count, float* sums, size_t sum_count) {
+  result_words_ = nullptr;
+  if (sum_count == 0) {
+    const int code = MPI_Iallreduce(MPI_IN_PLACE, words, static_cast<int>(count), MPI_UINT64_T, MPI_BAND, comm_,
+                                    &and_request_);
+    return MpiStatus(code, "negotiation", "(cycle)");
+  }
+  const size_t element_words = 2 + count + (sum_count + 1) / 2;
+  if (exchange_.size() != element_words) {
+    if (exchange_type_ != MPI_DATATYPE_NULL) MPI_Type_free(&exchange_type_);
+    MPI_Type_contiguous(static_cast<int>(element_words), MPI_UINT64_T, &exchange_type_);
+    MPI_Type_commit(&exchange_type_);
+  }
+  exchange_.assign(element_words, 0);
+  exchange_[0] = count;
+  exchange_[1] = sum_count;
+  std::memcpy(exchange_.data() + 2, words, count * sizeof(uint64_t));
+  std::memcpy(exchange_.data() + 2 + count, sums, sum_count * sizeof(float));
+  result_words_ = words;
+  result_sums_ = sums;
+  const int code = MPI_Iallreduce(MPI_IN_PLACE, exchange_.data(), 1, exchange_type_, and_with_sum_, comm_,
                                   &and_request_);
   return MpiStatus(code, "negotiation", "(cycle)");
 }
@@ -70,6 +107,12 @@ Status MpiControlPlane::TestBitwiseAnd(bool* done) {
   int flag = 0;
   const int code = MPI_Test(&and_request_, &flag, MPI_STATUS_IGNORE);
   *done = flag != 0;
+  if (*done && code == MPI_SUCCESS && result_words_) {
+    const size_t count = exchange_[0], sum_count = exchange_[1];
+    std::memcpy(result_words_, exchange_.data() + 2, count * sizeof(uint64_t));
+    std::memcpy(result_sums_, exchange_.data() + 2 + count, sum_count * sizeof(float));
+    result_words_ = nullptr;
+  }
   return MpiStatus(code, "negotiation", "(cycle)");
 }
 

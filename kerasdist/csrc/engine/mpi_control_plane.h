@@ -21,7 +21,7 @@ class MpiControlPlane : public ControlPlane {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::vector<std::string> HostNames() override;
-  Status StartBitwiseAnd(uint64_t* words, size_t count) override;
+  Status StartBitwiseAnd(uint64_t* words, size_t count, float* sums, size_t sum_count) override;
   Status TestBitwiseAnd(bool* done) override;
   Status GatherToRoot(const std::vector<char>& mine, std::vector<std::vector<char>>* gathered) override;
   Status BroadcastFromRoot(std::vector<char>* bytes) override;
@@ -38,6 +38,14 @@ class MpiControlPlane : public ControlPlane {
   int rank_ = 0;
   int size_ = 1;
   MPI_Request and_request_ = MPI_REQUEST_NULL;
+  // An AND with sums travels as one element of `exchange_type_`: a header of two words (the
+  // AND's word count and the sums' count), the words, then the floats; `and_with_sum_` combines
+  // two such elements. One element, so that MPI never splits the words from their header.
+  std::vector<uint64_t> exchange_;
+  MPI_Datatype exchange_type_ = MPI_DATATYPE_NULL;
+  MPI_Op and_with_sum_ = MPI_OP_NULL;
+  uint64_t* result_words_ = nullptr;  // the caller's, while an AND with sums is in flight
+  float* result_sums_ = nullptr;
   Outbox outboxes_[2];  // by StallMessage
 };
 

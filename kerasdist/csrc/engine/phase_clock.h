@@ -46,11 +46,14 @@ class PhaseClock {
     pickup_ns_.fetch_add(std::chrono::nanoseconds(waited).count(), std::memory_order_relaxed);
   }
   void CountCycle() { cycles_.fetch_add(1, std::memory_order_relaxed); }
+  // Collectives whose sums travelled with negotiation (Engine::RunCycle).
+  void CountRiders(int64_t count) { riders_.fetch_add(count, std::memory_order_relaxed); }
 
   double seconds(Phase phase) const { return Nanos(totals_[static_cast<int>(phase)]) * 1e-9; }
   double pickup_seconds() const { return Nanos(pickup_ns_) * 1e-9; }
   int64_t cycles() const { return cycles_.load(std::memory_order_relaxed); }
   int64_t collectives() const { return collectives_.load(std::memory_order_relaxed); }
+  int64_t riders() const { return riders_.load(std::memory_order_relaxed); }
 
  private:
   void Add(Phase phase, Clock::duration d) {
@@ -60,7 +63,7 @@ class PhaseClock {
 
   Clock::time_point last_ = Clock::now();
   std::atomic<int64_t> totals_[static_cast<int>(Phase::kCount)] = {};
-  std::atomic<int64_t> pickup_ns_{0}, cycles_{0}, collectives_{0};
+  std::atomic<int64_t> pickup_ns_{0}, cycles_{0}, collectives_{0}, riders_{0};
 };
 
 }  // namespace kerasdist
