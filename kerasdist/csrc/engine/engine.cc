@@ -30,6 +30,17 @@ constexpr uint64_t kAllRide = uint64_t{1} << 7;
 constexpr uint64_t kCandidateRides = uint64_t{1} << 8;
 constexpr int kFlagBits = 64;            // cache bits start at word 1
 
+// The cache slots whose bits are set in `bits` (words 1 on), in slot order.
+std::vector<int32_t> CacheIds(const std::vector<uint64_t>& bits) {
+  std::vector<int32_t> ids;
+  for (size_t w = 1; w < bits.size(); ++w) {
+    for (uint64_t word = bits[w]; word; word &= word - 1) {
+      ids.push_back(static_cast<int32_t>(w * 64 + __builtin_ctzll(word)) - kFlagBits);
+    }
+  }
+  return ids;
+}
+
 }  // namespace
 
 Engine& Engine::Get() {
@@ -335,16 +346,15 @@ bool Engine::RunCycle(bool* progress) {
   rider_values_.assign(riding_.values, 0.0f);
   std::vector<Collective*> riders;
   if (!riding_.bits.empty() && !report && std::equal(bits.begin() + 1, bits.end(), riding_.bits.begin() + 1)) {
+    bool can_ride = true;
     size_t values = 0;
-    for (size_t w = 1; w < words_; ++w) {
-      for (uint64_t word = bits[w]; word; word &= word - 1) {
-        Collective* c = pending_.at(cache_.name(static_cast<int32_t>(w * 64 + __builtin_ctzll(word)) - kFlagBits)).get();
-        if (!Executor::CanRide(c->request)) values = SIZE_MAX;
-        if (values != SIZE_MAX) values += Executor::RiderValues(c->request);
-        riders.push_back(c);
-      }
+    for (int32_t id : CacheIds(bits)) {
+      Collective* c = pending_.at(cache_.name(id)).get();
+      can_ride &= Executor::CanRide(c->request);
+      values += Executor::RiderValues(c->request);
+      riders.push_back(c);
     }
-    if (values == riding_.values) {
+    if (can_ride && values == riding_.values) {
       host_executor_->PackRiders(riders, rider_values_.data());
       bits[0] |= kAllRide;
     }
@@ -370,13 +380,10 @@ bool Engine::RunCycle(bool* progress) {
   if (coordinator_) {
     coordinator_->NoteAllWaiting((bits[0] & kAllWaiting) && !(bits[0] & kNobodyBlockedEagerly), negotiated);
   }
-  for (size_t w = 1; w < words_; ++w) {
-    for (uint64_t word = bits[w]; word; word &= word - 1) {
-      int32_t id = static_cast<int32_t>((w * 64 + __builtin_ctzll(word)) - kFlagBits);
-      auto it = pending_.find(cache_.name(id));
-      cache_.Ran(id, it->second->request.execution);
-      ready.push_back({it->second.get(), cache_.response(id), negotiated});
-    }
+  for (int32_t id : CacheIds(bits)) {
+    auto it = pending_.find(cache_.name(id));
+    cache_.Ran(id, it->second->request.execution);
+    ready.push_back({it->second.get(), cache_.response(id), negotiated});
   }
   if (!(bits[0] & kNobodyReports)) {
     phases_.Charge(Phase::kOther);
@@ -406,7 +413,7 @@ bool Engine::RunCycle(bool* progress) {
   if (bits[0] & kCandidateRides) riding_ = candidate_;
   // The slow path may have given the riders' cache slots to other requests.
   if (slow_path || any_joined_) riding_ = Riders{};
-  candidate_ = slow_path ? Riders{} : RidersOf(ready);
+  candidate_ = slow_path ? Riders{} : RidersOf(ready, bits);
 
   fusion.ForgetLastRun();
   if (rode) {
@@ -536,18 +543,16 @@ std::unique_ptr<Collective> Engine::ZeroCollective(const Response& response) {
   return e;
 }
 
-Engine::Riders Engine::RidersOf(const std::vector<Ready>& ready) const {
+Engine::Riders Engine::RidersOf(const std::vector<Ready>& ready, const std::vector<uint64_t>& bits) const {
   if (options_.piggyback_bytes <= 0 || ready.empty() || any_joined_) return Riders{};
   Riders riders;
-  riders.bits.assign(words_, 0);
   for (const Ready& r : ready) {
-    const int32_t id = cache_.Find(r.collective->request.name);
-    if (id < 0 || !r.response.status.ok() || !Executor::CanRide(r.collective->request)) return Riders{};
-    const int bit = kFlagBits + id;
-    riders.bits[bit / 64] |= uint64_t{1} << (bit % 64);
+    if (!r.response.status.ok() || !Executor::CanRide(r.collective->request)) return Riders{};
     riders.values += Executor::RiderValues(r.collective->request);
   }
   if (riders.values * sizeof(float) > static_cast<size_t>(options_.piggyback_bytes)) return Riders{};
+  riders.bits = bits;  // a fast-path cycle's ready requests are the AND's cache bits
+  riders.bits[0] = 0;
   return riders;
 }
 

@@ -109,8 +109,9 @@ class Engine {
     std::vector<uint64_t> bits;  // their cache bits (word 0 unused); empty: none
     size_t values = 0;           // float32 values in all
   };
-  // A fast-path cycle's `ready`, if it could ride; none otherwise.
-  Riders RidersOf(const std::vector<Ready>& ready) const;
+  // A fast-path cycle's `ready` (the cache slots set in `bits`, the cycle's AND), if it could
+  // ride; none otherwise.
+  Riders RidersOf(const std::vector<Ready>& ready, const std::vector<uint64_t>& bits) const;
   // Runs the cycle's device collectives, creating their executor on first use.
   void ExecuteOnDevice(const Executor::Ready& ready);
   // An executor over `backend` (watched from here on) and `memory`.
