@@ -9,16 +9,10 @@ import tensorflow as tf
 from kerasdist import _compat, coordination, knobs, notice, ops, runtime
 from kerasdist.notice import notice_state
 
-# Hooks that run before Keras's per-batch check of `stop_training`: a callback that overrides one
-# of them may stop training at a batch, not only at an epoch end.
-_HOOKS_BEFORE_A_BATCH_CHECK = (
-    "on_train_begin",
-    "on_epoch_begin",
-    "on_batch_begin",
-    "on_batch_end",
-    "on_train_batch_begin",
-    "on_train_batch_end",
-)
+# Keras reads `stop_training` after each batch's callbacks. A flag set in a batch hook needs an
+# agreement at every batch; one set in these hooks is agreed once, at the start of each epoch.
+_BATCH_HOOKS = ("on_batch_begin", "on_batch_end", "on_train_batch_begin", "on_train_batch_end")
+_HOOKS_BEFORE_AN_EPOCH = ("on_train_begin", "on_epoch_begin")
 # Callbacks known not to stop training at a batch: Keras's loggers and savers, and those that stop
 # or adjust only at an epoch end (exact types: a subclass may do more). kerasdist's own never stop.
 _NEVER_STOP_AT_A_BATCH = (
@@ -34,13 +28,10 @@ _NEVER_STOP_AT_A_BATCH = (
 )
 
 
-def _may_stop_at_a_batch(callback):
+def _may_stop_in(callback, hooks):
     if type(callback) in _NEVER_STOP_AT_A_BATCH or type(callback).__module__.startswith("kerasdist."):
         return False
-    return any(
-        getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook)
-        for hook in _HOOKS_BEFORE_A_BATCH_CHECK
-    )
+    return any(getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook) for hook in hooks)
 
 
 class StopAgreement(keras.callbacks.Callback):
@@ -54,9 +45,11 @@ class StopAgreement(keras.callbacks.Callback):
     every rank if any rank set it, so all ranks end `fit` at the same batch of the same epoch.
 
     The per-batch allreduce runs only when a callback of the `fit` (on any rank) could stop at a
-    batch: one that overrides a batch hook, `on_epoch_begin` or `on_train_begin` and is not one
-    of Keras's loggers and savers, `EarlyStopping` (it stops at epoch ends), `ReduceLROnPlateau`,
-    `LearningRateScheduler`, or kerasdist's own. Otherwise only epoch ends are agreed on.
+    batch: one that overrides a batch hook and is not one of Keras's loggers and savers,
+    `EarlyStopping` (it stops at epoch ends), `ReduceLROnPlateau`, `LearningRateScheduler`, or
+    kerasdist's own. A stop set in `on_train_begin` or `on_epoch_begin` (a timer or logger often
+    overrides those) is agreed once at the start of each epoch instead, before its first batch.
+    Epoch ends are always agreed on.
 
     It must come after every callback that may stop training: `kerasdist.callbacks()` puts it
     last, after the callbacks given as `extra`; callbacks listed before `kerasdist.callbacks()`
@@ -91,6 +84,7 @@ class StopAgreement(keras.callbacks.Callback):
     def __init__(self):
         super().__init__()
         self._every_batch = True
+        self._at_epoch_begin = True
         self._notice_taken = False  # every rank agreed to stop on a notice
         self._notice_flags = None  # the optimizer's, when notices ride in its gradients' allreduce
         self._epoch = 0
@@ -98,7 +92,10 @@ class StopAgreement(keras.callbacks.Callback):
     def set_model(self, model):
         super().set_model(model)
         callbacks = _compat.callbacks_setting_the_model()  # None: not known, so every batch is agreed on
-        self._every_batch = callbacks is None or any(_may_stop_at_a_batch(callback) for callback in callbacks)
+        self._every_batch = callbacks is None or any(_may_stop_in(callback, _BATCH_HOOKS) for callback in callbacks)
+        self._at_epoch_begin = not self._every_batch and any(
+            _may_stop_in(callback, _HOOKS_BEFORE_AN_EPOCH) for callback in callbacks
+        )
 
     def on_train_begin(self, logs=None):
         self._notice_taken = False
@@ -115,9 +112,14 @@ class StopAgreement(keras.callbacks.Callback):
         if runtime.state().size > 1:
             # Ranks may hold different callbacks (loggers on rank 0): all agree per batch if any must.
             self._every_batch = coordination.any_rank(self._every_batch, "kerasdist.stop_agreement_per_batch")
+            self._at_epoch_begin = not self._every_batch and coordination.any_rank(
+                self._at_epoch_begin, "kerasdist.stop_agreement_at_epoch_begin"
+            )
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        if self._at_epoch_begin:
+            self._agree()
 
     def on_train_batch_end(self, batch, logs=None):
         if self._every_batch:

@@ -51,6 +51,36 @@ class StopOnOneRank(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
+class StopBeforeABatch(keras.callbacks.Callback):
+    """Sets `stop_training` on `rank` alone in `on_train_begin` (epoch None) or in `epoch`'s
+    `on_epoch_begin`; it overrides no batch hook, as a timer or a logger would not."""
+
+    def __init__(self, rank, epoch=None):
+        super().__init__()
+        self.rank, self.epoch = rank, epoch
+
+    def on_train_begin(self, logs=None):
+        if RANK == self.rank and self.epoch is None:
+            self.model.stop_training = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if RANK == self.rank and epoch == self.epoch:
+            self.model.stop_training = True
+
+
+def per_batch_agreements(monkeypatch):
+    """The per-batch stop allreduces `fit` runs from here on (a list that grows by one per call)."""
+    calls, allreduce = [], kd.ops.allreduce
+
+    def counting(tensor, *args, name=None, **kwargs):
+        if name == "kerasdist.stop_or_notice":
+            calls.append(name)
+        return allreduce(tensor, *args, name=name, **kwargs)
+
+    monkeypatch.setattr(kd.ops, "allreduce", counting)
+    return calls
+
+
 def shard(rank):
     rng = np.random.default_rng([rank, 41])
     x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
@@ -143,3 +173,23 @@ def test_early_stopping_decides_on_the_global_loss_on_every_rank_wherever_it_is_
     history = fit(model, *shards[RANK], [stopping] + kd.callbacks())
     np.testing.assert_allclose(history.history["loss"], [global_loss] * 2, rtol=1e-5)
     assert kd.allgather_object(stopping.stopped_epoch) == [1] * SIZE
+
+
+@pytest.mark.parametrize("epoch", [None, 0, 2], ids=["train_begin", "first_epoch_begin", "third_epoch_begin"])
+def test_a_stop_set_before_a_batch_on_one_rank_stops_every_rank_after_the_next_batch_without_per_batch_sums(
+    monkeypatch, epoch
+):
+    # Keras reads the flag first after the next batch: every rank runs that batch, then ends fit.
+    agreements = per_batch_agreements(monkeypatch)
+    model = compiled_model()
+    history = fit(model, *shard(RANK), kd.callbacks(extra=[StopBeforeABatch(LAST_RANK, epoch)]))
+    last_epoch = 0 if epoch is None else epoch
+    assert kd.allgather_object(int(model.optimizer.iterations.numpy())) == [last_epoch * STEPS + 1] * SIZE
+    assert len(history.history["loss"]) == last_epoch + 1
+    assert agreements == []
+
+
+def test_a_callback_that_may_stop_at_a_batch_is_agreed_on_at_every_batch(monkeypatch):
+    agreements = per_batch_agreements(monkeypatch)
+    fit(compiled_model(), *shard(RANK), kd.callbacks(extra=[StopOnOneRank(LAST_RANK, epoch=EPOCHS)]))
+    assert len(agreements) == (EPOCHS * STEPS if SIZE > 1 else 0)
