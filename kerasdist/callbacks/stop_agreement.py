@@ -126,6 +126,9 @@ class StopAgreement(keras.callbacks.Callback):
             stop, noticed = self._stop_or_notice_on_any_rank()
             if stop:
                 self.model.stop_training = True
+        elif runtime.state().size == 1:
+            # No rank to agree with; reading the flags' variable would cost an eager op per batch.
+            noticed = notice_state.received
         elif self._notice_flags is not None:
             noticed = float(self._notice_flags.agreed.numpy()) > 0
             if notice_state.received:

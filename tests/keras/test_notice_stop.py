@@ -146,3 +146,27 @@ def test_notice_received_is_false_everywhere_until_one_rank_is_signalled_then_tr
     assert kd.notice_received() is True
     assert kd.notice_received() is True  # until the process ends: it is to save and leave
     assert notice_state.announced is (RANK == LAST_RANK)
+
+
+class _CountingReads:
+    """Stands in for the optimizer's `agreed` variable: counts the reads from Python, hands every
+    other use (the traced train step's assign) to the variable."""
+
+    def __init__(self, variable):
+        self.variable, self.reads = variable, 0
+
+    def numpy(self):
+        self.reads += 1
+        return self.variable.numpy()
+
+    def __getattr__(self, name):
+        return getattr(self.variable, name)
+
+
+def test_between_batches_a_single_process_asks_no_tensor_whether_a_notice_came_and_more_ranks_read_one():
+    # One process has no rank to agree with: an eager read per batch was its per-step cost.
+    model = _model()
+    flags = model.optimizer._notice_flags
+    flags.agreed = _CountingReads(flags.agreed)
+    _fit(model, kd.callbacks())
+    assert flags.agreed.reads == (0 if SIZE == 1 else EPOCHS * STEPS)
