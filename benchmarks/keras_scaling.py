@@ -196,6 +196,10 @@ def run_once(name, command, env):
         "images_per_second": sum(r["images_per_second"] for r in results),
         "step_ms": statistics.mean(r["step_ms"] for r in results),
         "cpu_ms_per_step_per_rank": statistics.mean(r["cpu_ms_per_step_per_rank"] for r in results),
+        "cpu_ms_per_step_by_thread": {
+            role: statistics.mean(r["cpu_ms_per_step_by_thread"][role] for r in results)
+            for role in results[0].get("cpu_ms_per_step_by_thread", {})
+        },
         "wall_s": wall_s,
         "load_average_1min_before": load_before,
         "engine_ms_per_step": results[0].get("engine_ms_per_step"),
@@ -233,6 +237,13 @@ def run_rounds(configurations, environments):
     return runs
 
 
+def median_by_role(splits):
+    """{role: median over the runs} of per-run {role: CPU ms per step} splits (empty if any is)."""
+    if not all(splits):
+        return {}
+    return {role: statistics.median(split[role] for split in splits) for role in splits[0]}
+
+
 def summarize(runs, names):
     """Per-configuration medians and the ratios, estimated four ways (see the module docstring)."""
 
@@ -244,6 +255,7 @@ def summarize(runs, names):
     best = {name: max(of(name, "images_per_second")) for name in names}
     step_ms = {name: statistics.median(of(name, "step_ms")) for name in names}
     cpu_ms = {name: statistics.median(of(name, "cpu_ms_per_step_per_rank")) for name in names}
+    by_thread = {name: median_by_role(of(name, "cpu_ms_per_step_by_thread")) for name in names}
     # Images per CPU-second of all ranks together: throughput had every rank a core of its own.
     per_cpu_second = {name: ranks[name] * BATCH_SIZE.value / (cpu_ms[name] / 1e3) for name in names}
     per_round = [
@@ -261,6 +273,8 @@ def summarize(runs, names):
         },
         "step_ms": step_ms,
         "cpu_ms_per_step_per_rank": cpu_ms,
+        # Where a rank's CPU goes per step, by thread role (median over the rounds of each role).
+        "cpu_ms_per_step_by_thread": by_thread,
         "ratios": {
             "median": ratios(median),
             "best run": ratios(best),
@@ -282,6 +296,10 @@ def print_summary(summary, names):
             f"{name:<14} {throughput['median'][name]:12.1f} {throughput['best'][name]:8.1f} "
             f"{throughput['worst'][name]:8.1f} {step_ms:8.1f} {cpu_ms:17.1f} {cpu_ms / step_ms:9.2f}"
         )
+    for name in names:
+        split = summary["cpu_ms_per_step_by_thread"][name]
+        if split:
+            print(f"{name:<14} CPU ms/step/rank by thread: " + ", ".join(f"{k} {v:.2f}" for k, v in split.items()))
     engine = summary["engine_ms_per_step"]
     phases = {key: value for key, value in engine.items() if key not in ("cycles", "rode")}
     print(

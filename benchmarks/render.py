@@ -267,9 +267,15 @@ KERAS_ROWS = (
 )
 
 
+# The thread roles of examples/keras_synthetic_benchmark.py's CPU split, as the pages name them.
+KERAS_THREAD_ROLES = {"python": "Keras loop", "tensorflow": "TensorFlow", "kerasdist": "kerasdist engine"}
+
+
 def keras_throughput(name="keras_scaling"):
     record = load(name)
     summary, ranks = record["summary"], record["setup"]["ranks"]
+    by_thread = summary.get("cpu_ms_per_step_by_thread", {})
+    split = all(by_thread.get(name) for name, _ in KERAS_ROWS)
     rows = [
         [
             shown.format(n=ranks),
@@ -277,10 +283,13 @@ def keras_throughput(name="keras_scaling"):
             f"{summary['images_per_second']['best'][name]:.0f}",
             f"{summary['step_ms'][name]:.1f}",
             f"{summary['cpu_ms_per_step_per_rank'][name]:.1f}",
+            *([f"{by_thread[name][role]:.2f}" for role in KERAS_THREAD_ROLES] if split else []),
         ]
         for name, shown in KERAS_ROWS
     ]
     columns = ["configuration", "median img/s", "best run", "step ms", "CPU ms/step/rank"]
+    if split:
+        columns += [f"of which {shown}" for shown in KERAS_THREAD_ROLES.values()]
     return markdown(columns, rows), [record]
 
 

@@ -91,9 +91,37 @@ MODELS = {
 }
 
 
+def cpu_seconds_by_thread():
+    """This process's CPU seconds so far, by what its threads do: "python" (the main thread, which
+    runs Keras's loop and the callbacks), "tensorflow" (TensorFlow's pools, threads named tf_*),
+    "kerasdist" (the engine's threads, named kd_*) and "other". Linux's per-thread scheduler
+    counts (nanoseconds); empty where there are none. A thread that ended is no longer counted."""
+    tasks = "/proc/self/task"
+    if not os.path.isdir(tasks):
+        return {}
+    seconds = dict.fromkeys(("python", "tensorflow", "kerasdist", "other"), 0.0)
+    for tid in os.listdir(tasks):
+        try:
+            with open(f"{tasks}/{tid}/schedstat") as stat, open(f"{tasks}/{tid}/comm") as comm:
+                on_cpu_ns, name = int(stat.read().split()[0]), comm.read().strip()
+        except (OSError, ValueError, IndexError):
+            return {}  # the thread ended while being read, or no scheduler counts: no split
+        if int(tid) == os.getpid():
+            role = "python"
+        elif name.startswith("tf_"):
+            role = "tensorflow"
+        elif name.startswith("kd_"):
+            role = "kerasdist"
+        else:
+            role = "other"
+        seconds[role] += on_cpu_ns / 1e9
+    return seconds
+
+
 class IterationTimer(keras.callbacks.Callback):
     """Records the wall time and this process's CPU time (all its threads) of every epoch, one
-    timed iteration each, and prints the iteration's throughput on `rank` 0.
+    timed iteration each, and prints the iteration's throughput on `rank` 0; and the CPU time of
+    all the timed epochs by thread role (`cpu_seconds_by_thread`).
 
     Other processes on the machine disturb CPU time far less than wall time, so it shows the
     cost kerasdist adds even on a busy machine. Only epoch hooks: a per-batch hook would add
@@ -106,14 +134,20 @@ class IterationTimer(keras.callbacks.Callback):
         self.rank = rank
         self.wall_seconds = []
         self.cpu_seconds = []
+        self.cpu_seconds_by_thread = {}
         self._start = None
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._start = (time.perf_counter(), time.process_time())
+        self._start = (time.perf_counter(), time.process_time(), cpu_seconds_by_thread())
 
     def on_epoch_end(self, epoch, logs=None):
         self.wall_seconds.append(time.perf_counter() - self._start[0])
         self.cpu_seconds.append(time.process_time() - self._start[1])
+        by_thread = cpu_seconds_by_thread()
+        if by_thread and self._start[2]:
+            for role, seconds in by_thread.items():
+                spent = seconds - self._start[2][role]
+                self.cpu_seconds_by_thread[role] = self.cpu_seconds_by_thread.get(role, 0.0) + spent
         if self.rank == 0:
             print(
                 f"iter {epoch + 1}: {self.images_per_iteration / self.wall_seconds[-1]:.1f} img/s on rank 0", flush=True
@@ -200,9 +234,11 @@ def main(_):
     )
 
     timings = [(timer.wall_seconds, timer.cpu_seconds)]
+    by_thread = [timer.cpu_seconds_by_thread]
     engine_ms_per_step = None
     if USE_KERASDIST.value:
         timings = kerasdist.allgather_object(timings[0])
+        by_thread = kerasdist.allgather_object(by_thread[0])
         engine_ms_per_step = engine_phases_per_step(engine_before, kerasdist.engine_times())
     if rank != 0:
         return
@@ -216,6 +252,7 @@ def main(_):
         f"{median_total:.1f} img/s in total on {size} rank(s)",
         flush=True,
     )
+    steps = NUM_ITERS.value * NUM_BATCHES_PER_ITER.value
     result = {
         "model": MODEL.value,
         "image_size": image_size,
@@ -232,6 +269,11 @@ def main(_):
         "images_per_second_per_rank": median_total / size,
         "step_ms": 1e3 * statistics.median(slowest) / NUM_BATCHES_PER_ITER.value,
         "cpu_ms_per_step_per_rank": 1e3 * statistics.median(mean_cpu) / NUM_BATCHES_PER_ITER.value,
+        # The mean over the timed steps and the ranks, by thread role; empty without the counts.
+        "cpu_ms_per_step_by_thread": {
+            role: 1e3 * statistics.mean(rank_split[role] for rank_split in by_thread) / steps
+            for role in (by_thread[0] if all(by_thread) else {})
+        },
         "iteration_images_per_second": total,
         "threads": {name: os.environ.get(name) for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")},
         "engine_ms_per_step": engine_ms_per_step,

@@ -75,6 +75,10 @@ def test_keras_scaling_benchmark_reports_every_configuration(tmp_path):
     assert {run["configuration"] for run in results["runs"]} == {"plain", "kerasdist-1", "kerasdist-N", "independent-N"}
     assert all(run["images_per_second"] > 0 for run in results["runs"])
     assert set(results["summary"]["ratios"]["median"]) >= {"size1_overhead", "efficiency_vs_kerasdist_1"}
+    split = results["summary"]["cpu_ms_per_step_by_thread"]
+    assert all(set(split[name]) == {"python", "tensorflow", "kerasdist", "other"} for name in split), split
+    # The engine's threads are named kd_*, so their CPU is told apart; plain Keras has none.
+    assert split["kerasdist-N"]["kerasdist"] > 0 and split["plain"]["kerasdist"] == 0, split
 
 
 def test_keras_thread_pool_comparison_starts_ranks_without_thread_settings(tmp_path):

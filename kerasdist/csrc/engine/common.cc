@@ -1,5 +1,7 @@
 #include "common.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <cstdarg>
 #include <cstdio>
@@ -16,6 +18,14 @@ int g_log_rank = 0;
 void SetLogging(int level, int rank) {
   g_log_level = level;
   g_log_rank = rank;
+}
+
+void NameThisThread(const char* name) {
+#ifdef __linux__
+  pthread_setname_np(pthread_self(), name);
+#else
+  (void)name;
+#endif
 }
 
 void Log(int level, const char* fmt, ...) {

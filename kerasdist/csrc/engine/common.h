@@ -37,6 +37,9 @@ inline double Seconds(Clock::duration d) { return std::chrono::duration<double>(
 // the one SetLogging chose.
 void Log(int level, const char* fmt, ...);
 void SetLogging(int level, int rank);
+// Names the calling thread (`top -H`, /proc/<pid>/task/<tid>/comm; at most 15 characters) where
+// the platform allows it, so that tools and the benchmarks can tell the engine's threads apart.
+void NameThisThread(const char* name);
 
 size_t DataTypeSize(DataType dtype);
 const char* DataTypeName(DataType dtype);

@@ -232,6 +232,7 @@ int64_t Engine::NextExecution(const std::string& function) {
 }
 
 void Engine::Loop() {
+  NameThisThread("kd_engine");
   auto backoff = std::chrono::microseconds(0);
   phases_.Start();
   while (true) {

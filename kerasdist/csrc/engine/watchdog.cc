@@ -71,6 +71,7 @@ void Watchdog::Disarm() {
 }
 
 void Watchdog::Watch() {
+  NameThisThread("kd_watchdog");
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
     cv_.wait_for(lock, std::chrono::milliseconds(500));
