@@ -31,7 +31,14 @@ _NEVER_STOP_AT_A_BATCH = (
 def _may_stop_in(callback, hooks):
     if type(callback) in _NEVER_STOP_AT_A_BATCH or type(callback).__module__.startswith("kerasdist."):
         return False
-    return any(getattr(type(callback), hook) is not getattr(keras.callbacks.Callback, hook) for hook in hooks)
+    return any(_overrides(callback, hook) for hook in hooks)
+
+
+def _overrides(callback, hook):
+    """Whether `callback` has its own `hook`: from its class, or set on the instance, as
+    `keras.callbacks.LambdaCallback` sets the functions it is given."""
+    method = getattr(callback, hook)
+    return getattr(method, "__func__", method) is not getattr(keras.callbacks.Callback, hook)
 
 
 class StopAgreement(keras.callbacks.Callback):

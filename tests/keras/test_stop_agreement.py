@@ -193,3 +193,21 @@ def test_a_callback_that_may_stop_at_a_batch_is_agreed_on_at_every_batch(monkeyp
     agreements = per_batch_agreements(monkeypatch)
     fit(compiled_model(), *shard(RANK), kd.callbacks(extra=[StopOnOneRank(LAST_RANK, epoch=EPOCHS)]))
     assert len(agreements) == (EPOCHS * STEPS if SIZE > 1 else 0)
+
+
+def test_a_lambda_callback_that_stops_one_rank_at_a_batch_stops_every_rank_there():
+    # LambdaCallback sets the functions it is given on the instance, not on its class; no other
+    # callback here has a batch hook, so only this one can ask for the per-batch agreement.
+    epoch = []
+
+    def stop_at_epoch_1_batch_1(batch, logs):
+        if RANK == LAST_RANK and epoch[-1] == 1 and batch == 1:
+            model.stop_training = True
+
+    model = compiled_model()
+    stopping = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda e, logs: epoch.append(e), on_train_batch_end=stop_at_epoch_1_batch_1
+    )
+    history = fit(model, *shard(RANK), kd.callbacks(extra=[stopping]))
+    assert kd.allgather_object(int(model.optimizer.iterations.numpy())) == [STEPS + 2] * SIZE
+    assert len(history.history["loss"]) == 2
