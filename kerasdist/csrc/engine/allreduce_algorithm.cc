@@ -196,12 +196,12 @@ std::string AllreduceAlgorithm::Describe() const {
                                                               : "MPI's own choice") +
                              ")";
   if (choice_ == AllreduceChoice::kHierarchical && hierarchy_available()) {
-    return text + "the hierarchy for every allreduce" + across;
+    return text + "the hierarchy for every allreduce" + across + " and allgather";
   }
   std::string hierarchy;
   if (choice_ == AllreduceChoice::kAuto && hierarchy_available()) {
     hierarchy = "the hierarchy for calls of at least " + std::to_string(kHierarchyFromBytes >> 10) + " KiB" + across +
-                ", below that ";
+                " and allgathers of at least " + std::to_string(kAllgatherHierarchyFromBytes >> 10) + " KiB, below that ";
   } else if (choice_ == AllreduceChoice::kHierarchical) {
     hierarchy = "no hierarchy, since it needs 2 or more hosts of 2 or more ranks each, every host with as many; ";
   }
