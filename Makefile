@@ -68,8 +68,8 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # tuner (KERASDIST_AUTOTUNE) switches the algorithm from cycle to cycle while it times them (with
 # the small allreduces that ride with negotiation, on 2 x 3), and the docstring examples (written
 # for any size) at 2. test_allgather_algorithm.py runs with them as the hierarchy on 2 x 2, 3 x 2
-# and (a line of its own) 2 x 3, and as auto on 2 x 3: 33 s more in all (load 1-5). tests/docs builds the
-# documentation site (make docs) and opens it in Chromium.
+# and (a line of its own) 2 x 3, and as auto on 2 x 3: 33 s more in all (load 1-5). tests/docs
+# builds the documentation site (make docs) and opens it in Chromium.
 # The Open MPI build's suites come last, from a make of their own, which sees Open MPI if it was
 # just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not here: make soak,
 # make test-install (see there).
