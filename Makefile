@@ -67,7 +67,9 @@ $(VENV)/.docs-installed: $(VENV)/.installed requirements-docs.txt
 # what auto runs, which the suite's own runs cover) and as auto on 3 x 2 and 2 x 3, where the
 # tuner (KERASDIST_AUTOTUNE) switches the algorithm from cycle to cycle while it times them (with
 # the small allreduces that ride with negotiation, on 2 x 3), and the docstring examples (written
-# for any size) at 2. tests/docs builds the documentation site (make docs) and opens it in Chromium.
+# for any size) at 2. test_allgather_algorithm.py runs with them as the hierarchy on 2 x 2, 3 x 2
+# and (a line of its own) 2 x 3, and as auto on 2 x 3: 33 s more in all (load 1-5). tests/docs
+# builds the documentation site (make docs) and opens it in Chromium.
 # The Open MPI build's suites come last, from a make of their own, which sees Open MPI if it was
 # just installed. Each mpiexec is bounded so a hang fails instead of waiting. Not here: make soak,
 # make test-install (see there).
@@ -94,13 +96,18 @@ test: lint build
 	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=ring timeout 300 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider \
 	    tests/collectives/test_allreduce_algorithm.py
 	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=hierarchical MPIR_CVAR_NUM_CLIQUES=2 timeout 300 $(MPIEXEC) -n 4 $(PY) \
-	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
+	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py \
+	    tests/collectives/test_allgather_algorithm.py
 	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=hierarchical MPIR_CVAR_NUM_CLIQUES=3 timeout 600 $(MPIEXEC) -n 6 $(PY) \
-	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
+	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py \
+	    tests/collectives/test_allgather_algorithm.py
+	$(RUN_ENV) KERASDIST_ALLREDUCE_ALGORITHM=hierarchical MPIR_CVAR_NUM_CLIQUES=2 timeout 600 $(MPIEXEC) -n 6 $(PY) \
+	    -m pytest -q -p no:cacheprovider tests/collectives/test_allgather_algorithm.py
 	$(RUN_ENV) MPIR_CVAR_NUM_CLIQUES=3 timeout 600 $(MPIEXEC) -n 6 $(PY) \
 	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py
 	$(RUN_ENV) MPIR_CVAR_NUM_CLIQUES=2 timeout 600 $(MPIEXEC) -n 6 $(PY) \
-	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py tests/collectives/test_piggyback.py
+	    -m pytest -q -p no:cacheprovider tests/collectives/test_allreduce_algorithm.py tests/collectives/test_piggyback.py \
+	    tests/collectives/test_allgather_algorithm.py
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 2 $(PY) -m pytest -q -p no:cacheprovider tests/keras
 	$(RUN_ENV) timeout 900 $(MPIEXEC) -n 3 $(PY) -m pytest -q -p no:cacheprovider tests/keras $(KERAS_AT_2_RANKS_ONLY)
 	$(MAKE) --no-print-directory test-openmpi

@@ -70,7 +70,9 @@ def engine_busy_phases(engine_times):
     """The engine thread's working phases, as `engine_times()` (kd.engine_times) names them. Its
     idle time is left out: a stretch of idle is charged when the engine next wakes, maybe inside
     the next case."""
-    return [key for key in engine_times() if key not in ("idle", "pickup", "cycles", "collectives", "rode")]
+    return [
+        key for key in engine_times() if key not in ("idle", "pickup", "cycles", "collectives", "rode", "hierarchical")
+    ]
 
 
 def compare_with_engine_phases(harness, cases, engine_times):

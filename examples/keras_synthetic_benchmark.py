@@ -162,7 +162,7 @@ def engine_phases_per_step(before, after):
 
     steps = NUM_ITERS.value * NUM_BATCHES_PER_ITER.value
     counts = ("cycles", "rode")
-    busy = [key for key in after if key not in ("idle", "pickup", "collectives", *counts)]
+    busy = [key for key in after if key not in ("idle", "pickup", "collectives", "hierarchical", *counts)]
     mine = [(after[key] - before[key]) / steps for key in [*busy, *counts]]
     mean = np.mean(kerasdist.allgather_object(mine), axis=0)
     return {

@@ -224,7 +224,8 @@ KNOBS = (
         "or more hosts, for calls of at least 64 KiB (12 MiB when the ranks are a power of two), where MPICH's "
         "own choice is far from the link; ring: MPICH's ring always; hierarchical: the hierarchy (reduce-scatter "
         "within each host, allreduce across hosts, allgather within) for every call where the hosts allow it, "
-        "else what auto runs; mpi: MPI's own choice. Ring sets MPICH's process-wide variable for the length of "
+        "else what auto runs; mpi: MPI's own choice. Allgathers follow it: as the hierarchy under hierarchical, "
+        "and under auto from 4 MiB. Ring sets MPICH's process-wide variable for the length of "
         "each call: if the program makes MPI allreduces of its own on another thread meanwhile, set mpi",
         metavar="ALGORITHM",
         flag_to_text=str.lower,

@@ -449,11 +449,13 @@ def engine_times():
     ``outputs`` (allocating and scaling results), ``hand_back`` (TensorFlow's completion
     callbacks), ``other`` (bookkeeping); then ``pickup`` (seconds collectives waited, summed,
     between TensorFlow handing them over and a cycle taking them up), ``cycles``,
-    ``collectives`` and ``rode`` (counts; ``rode``: small allreduces whose sums travelled with
-    the negotiation that agreed on them, ``KERASDIST_PIGGYBACK_BYTES``; their time counts as
-    ``negotiation``). Take the difference of two calls around the code you measure: a rank that
-    is mostly ``idle`` waits on its own computation, a large ``negotiation`` share is
-    waiting for other ranks (or many small cycles), a large ``transfer`` share is the network.
+    ``collectives``, ``rode`` and ``hierarchical`` (counts; ``rode``: small allreduces whose sums
+    travelled with the negotiation that agreed on them, ``KERASDIST_PIGGYBACK_BYTES``, their time
+    counted as ``negotiation``; ``hierarchical``: allreduce pieces and allgathers that ran as the
+    hierarchy across hosts, ``KERASDIST_ALLREDUCE_ALGORITHM``). Take the difference of two calls
+    around the code you measure: a rank that is mostly ``idle`` waits on its own computation, a
+    large ``negotiation`` share is waiting for other ranks (or many small cycles), a large
+    ``transfer`` share is the network.
 
     Example:
 

@@ -19,7 +19,7 @@ def delta(before, after):
 
 def test_keys_are_the_phases_then_pickup_and_the_counts():
     times = kd.engine_times()
-    assert list(times) == [*PHASES, "pickup", "cycles", "collectives", "rode"]
+    assert list(times) == [*PHASES, "pickup", "cycles", "collectives", "rode", "hierarchical"]
     assert all(value >= 0 for value in times.values()), times
 
 

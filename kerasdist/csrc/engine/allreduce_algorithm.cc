@@ -1,5 +1,6 @@
 #include "allreduce_algorithm.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 #include <vector>
@@ -140,6 +141,25 @@ Status AllreduceAlgorithm::Make(MPI_Comm comm, AllreduceChoice choice, Allreduce
   }
   MPI_Comm_set_errhandler(host, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(across, MPI_ERRORS_RETURN);
+  // Every rank's host (named by its lowest rank until numbered below) and rank within it.
+  int place[2] = {rank, host_rank};
+  code = MPI_Allreduce(MPI_IN_PLACE, &place[0], 1, MPI_INT, MPI_MIN, host);
+  std::vector<int> places(2 * static_cast<size_t>(made.ranks_));
+  if (code == MPI_SUCCESS) code = MPI_Allgather(place, 2, MPI_INT, places.data(), 2, MPI_INT, comm);
+  if (code != MPI_SUCCESS) {
+    MPI_Comm_free(&host);
+    MPI_Comm_free(&across);
+    return MpiStatus(code, "finding where the ranks are", "(start)");
+  }
+  std::vector<int> lowest_ranks;
+  for (int r = 0; r < made.ranks_; ++r) {
+    if (places[2 * r] == r) lowest_ranks.push_back(r);  // ascending, so host numbers ascend with them
+    made.host_rank_of_rank_.push_back(places[2 * r + 1]);
+  }
+  for (int r = 0; r < made.ranks_; ++r) {
+    const auto found = std::lower_bound(lowest_ranks.begin(), lowest_ranks.end(), places[2 * r]);
+    made.host_of_rank_.push_back(static_cast<int>(found - lowest_ranks.begin()));
+  }
   made.host_comm_ = host;
   made.across_comm_ = across;
   made.host_rank_ = host_rank;
@@ -176,12 +196,12 @@ std::string AllreduceAlgorithm::Describe() const {
                                                               : "MPI's own choice") +
                              ")";
   if (choice_ == AllreduceChoice::kHierarchical && hierarchy_available()) {
-    return text + "the hierarchy for every allreduce" + across;
+    return text + "the hierarchy for every allreduce" + across + " and allgather";
   }
   std::string hierarchy;
   if (choice_ == AllreduceChoice::kAuto && hierarchy_available()) {
     hierarchy = "the hierarchy for calls of at least " + std::to_string(kHierarchyFromBytes >> 10) + " KiB" + across +
-                ", below that ";
+                " and allgathers of at least " + std::to_string(kAllgatherHierarchyFromBytes >> 10) + " KiB, below that ";
   } else if (choice_ == AllreduceChoice::kHierarchical) {
     hierarchy = "no hierarchy, since it needs 2 or more hosts of 2 or more ranks each, every host with as many; ";
   }

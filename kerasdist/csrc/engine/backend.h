@@ -45,6 +45,9 @@ class Backend {
   virtual void UseAllreduceChoice(AllreduceChoice) {}
   // Where the ranks are (hosts, ranks on each), as a saved tuning choice's key; empty: unknown.
   virtual std::string Layout() const { return ""; }
+  // How many allreduce pieces and allgathers ran as the hierarchy across hosts
+  // (allreduce_algorithm.h), as kerasdist.engine_times()'s `hierarchical`.
+  virtual int64_t HierarchicalCalls() const { return 0; }
 };
 
 }  // namespace kerasdist

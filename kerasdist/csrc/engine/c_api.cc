@@ -269,6 +269,7 @@ int kerasdist_engine_times(const char** names, double* values, int capacity) {
   entries.push_back({"cycles", static_cast<double>(clock.cycles())});
   entries.push_back({"collectives", static_cast<double>(clock.collectives())});
   entries.push_back({"rode", static_cast<double>(clock.riders())});
+  entries.push_back({"hierarchical", static_cast<double>(kerasdist::Engine::Get().hierarchical_calls())});
   const int count = static_cast<int>(entries.size());
   for (int i = 0; i < count && i < capacity; ++i) {
     names[i] = entries[i].first;

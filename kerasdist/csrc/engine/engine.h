@@ -87,6 +87,8 @@ class Engine {
   int64_t NextExecution(const std::string& function);
   // Where the engine thread's time went since it started (kerasdist.engine_times()).
   const PhaseClock& phases() const { return phases_; }
+  // How many collectives of the host backend ran as the hierarchy across hosts (0 before Start).
+  int64_t hierarchical_calls() const { return host_executor_ ? host_executor_->backend().HierarchicalCalls() : 0; }
 
  private:
   struct Ready {

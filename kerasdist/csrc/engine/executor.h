@@ -49,6 +49,7 @@ class Executor {
   void FinishRiders(const std::vector<Collective*>& riders, const float* values,
                     const std::function<void(Collective*)>& finished);
   Backend& backend() { return *backend_; }
+  const Backend& backend() const { return *backend_; }
 
  private:
   Status RunAllgather(Collective* c, const Response& r);

@@ -76,6 +76,16 @@ std::vector<int> Displacements(const std::vector<int>& counts) {
   return displacements;
 }
 
+// MPI_Allgather(v) over `comm` of counts[r] values from its rank r. Equal counts take MPI's
+// equal-count call: MPICH's v-variants took 5-12x as long (1-16 MiB, 6 ranks on 2 emulated
+// hosts; allreduce_algorithm.h's measurements of the hierarchy).
+int GatherInRankOrder(const void* in, void* out, const std::vector<int>& counts, MPI_Datatype type, MPI_Comm comm) {
+  int rank = 0;
+  MPI_Comm_rank(comm, &rank);
+  if (AllEqual(counts)) return MPI_Allgather(in, counts[rank], type, out, counts[rank], type, comm);
+  return MPI_Allgatherv(in, counts[rank], type, out, counts.data(), Displacements(counts).data(), type, comm);
+}
+
 // MPI counts and displacements are ints: false when `counts` or their sum do not fit.
 bool ToIntCounts(const std::vector<int64_t>& counts, std::vector<int>* out) {
   int64_t total = 0;
@@ -135,6 +145,7 @@ Status MpiBackend::Allreduce(const void* in, void* out, int64_t count, DataType 
     if (halves) {  // already reduce-scatter and allgather, at memory speed
       code = AllreduceHalves(piece_out, n, dtype, op, scale);
     } else if (algorithm_.UseHierarchy(int64_t{n} * item_size)) {
+      hierarchical_calls_.fetch_add(1, std::memory_order_relaxed);
       code = AllreduceAcrossHosts(in_place ? piece_out : static_cast<const char*>(in) + at, piece_out, n, dtype, op);
     } else if (algorithm_.UseRing(int64_t{n} * item_size)) {  // the same pieces, so the same answer, on every rank
       code = algorithm_.RunAsRing(reduce);
@@ -151,15 +162,13 @@ Status MpiBackend::Allgather(const void* in, void* out, const std::vector<int64_
                              const std::string& name) {
   std::vector<int> icounts;
   if (!ToIntCounts(counts, &icounts)) return TooLarge(name);
-  const MPI_Datatype type = ToMpiType(dtype);
-  // Equal counts take MPI's equal-count call: MPICH's v-variants took 5-12x as long (1-16 MiB,
-  // 6 ranks on 2 emulated hosts; allreduce_algorithm.h's measurements of the hierarchy).
-  if (AllEqual(icounts)) {
-    return MpiStatus(MPI_Allgather(in, icounts[rank_], type, out, icounts[rank_], type, comm_), "allgather", name);
+  int64_t total = 0;
+  for (int c : icounts) total += c;
+  if (algorithm_.UseHierarchyForAllgather(total * static_cast<int64_t>(DataTypeSize(dtype)))) {
+    hierarchical_calls_.fetch_add(1, std::memory_order_relaxed);
+    return MpiStatus(AllgatherAcrossHosts(in, out, icounts, dtype), "allgather", name);
   }
-  return MpiStatus(MPI_Allgatherv(in, icounts[rank_], type, out, icounts.data(), Displacements(icounts).data(),
-                                  type, comm_),
-                   "allgather", name);
+  return MpiStatus(GatherInRankOrder(in, out, icounts, ToMpiType(dtype), comm_), "allgather", name);
 }
 
 Status MpiBackend::Broadcast(void* data, int64_t count, DataType dtype, int root, const std::string& name) {
@@ -222,6 +231,80 @@ int MpiBackend::AllreduceAcrossHosts(const void* in, void* out, int count, DataT
   char* const tail_out = static_cast<char*>(out) + at;
   if (carries_tail) std::memcpy(tail_out, tail_of_slice, tail * item_size);
   return MPI_Bcast(tail_out, tail, type, 0, host);
+}
+
+int MpiBackend::AllgatherAcrossHosts(const void* in, void* out, const std::vector<int>& counts, DataType dtype) {
+  const std::vector<int>& host_of = algorithm_.host_of_rank();
+  const std::vector<int>& local_of = algorithm_.host_rank_of_rank();
+  const int hosts = algorithm_.hosts();
+  const int local = algorithm_.ranks_per_host();
+  const int my_host = host_of[rank_];
+  const int my_local = algorithm_.host_rank();
+  const size_t item_size = DataTypeSize(dtype);
+  const MPI_Datatype type = ToMpiType(dtype);
+  // members[h][k]: the rank of local rank k on host h; offset[r]: where rank r's values start
+  // in its host's block, and displacement[r] in `out`.
+  std::vector<std::vector<int>> members(hosts, std::vector<int>(local));
+  for (int r = 0; r < size_; ++r) members[host_of[r]][local_of[r]] = r;
+  const std::vector<int> displacement = Displacements(counts);
+  std::vector<int64_t> offset(size_), block(hosts, 0);
+  for (int h = 0; h < hosts; ++h) {
+    for (int r : members[h]) {
+      offset[r] = block[h];
+      block[h] += counts[r];
+    }
+  }
+  // Slice k of host h's block: [slice_start(h, k), slice_start(h, k + 1)), lengths within 1 of each
+  // other, and rank members[h][k]'s own values when the host's ranks send equal counts.
+  const auto slice_start = [&](int h, int k) { return block[h] * k / local; };
+  const auto slice_length = [&](int h, int k) { return static_cast<int>(slice_start(h, k + 1) - slice_start(h, k)); };
+  // across_hosts[k][j]: the host of rank j of the communicator across hosts of local rank k,
+  // which orders its ranks as the job does (AllreduceAlgorithm::Make).
+  std::vector<std::vector<int>> across_hosts(local);
+  for (int r = 0; r < size_; ++r) across_hosts[local_of[r]].push_back(host_of[r]);
+
+  const MPI_Comm host = algorithm_.host_comm();
+  std::vector<int> host_counts(local);
+  for (int k = 0; k < local; ++k) host_counts[k] = counts[members[my_host][k]];
+  const char* my_slice = static_cast<const char*>(in);
+  if (!AllEqual(host_counts)) {
+    host_block_.resize(static_cast<size_t>(block[my_host]) * item_size);
+    const int code = GatherInRankOrder(in, host_block_.data(), host_counts, type, host);
+    if (code != MPI_SUCCESS) return code;
+    my_slice = host_block_.data() + static_cast<size_t>(slice_start(my_host, my_local)) * item_size;
+  }
+  // Every rank of one allgather across hosts has the same local rank, so the same counts.
+  std::vector<int> across_counts(hosts);
+  int64_t across_total = 0;
+  for (int j = 0; j < hosts; ++j) across_total += across_counts[j] = slice_length(across_hosts[my_local][j], my_local);
+  across_.resize(static_cast<size_t>(across_total) * item_size);
+  int code = GatherInRankOrder(my_slice, across_.data(), across_counts, type, algorithm_.across_comm());
+  if (code != MPI_SUCCESS) return code;
+  std::vector<int> gathered_counts(local, 0);
+  int64_t total = 0;
+  for (int k = 0; k < local; ++k) {
+    for (int h : across_hosts[k]) gathered_counts[k] += slice_length(h, k);
+    total += gathered_counts[k];
+  }
+  gathered_.resize(static_cast<size_t>(total) * item_size);
+  code = GatherInRankOrder(across_.data(), gathered_.data(), gathered_counts, type, host);
+  if (code != MPI_SUCCESS) return code;
+  // gathered_ holds, for local rank k in turn, slice k of each host in across_hosts[k]'s order;
+  // each piece of a slice goes to the rank whose values it holds.
+  const char* from = gathered_.data();
+  for (int k = 0; k < local; ++k) {
+    for (int h : across_hosts[k]) {
+      const int64_t begin = slice_start(h, k), end = slice_start(h, k + 1);
+      for (int r : members[h]) {
+        const int64_t first = std::max(begin, offset[r]), last = std::min(end, offset[r] + counts[r]);
+        if (first >= last) continue;
+        std::memcpy(static_cast<char*>(out) + (displacement[r] + (first - offset[r])) * item_size,
+                    from + (first - begin) * item_size, (last - first) * item_size);
+      }
+      from += (end - begin) * item_size;
+    }
+  }
+  return MPI_SUCCESS;
 }
 
 int MpiBackend::CombineChunks(const void* in, void* out, const std::vector<int>& counts, DataType dtype, ReduceOp op,

@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include <atomic>
 #include <vector>
 
 #include "allreduce_algorithm.h"
@@ -34,6 +35,7 @@ class MpiBackend : public Backend {
   std::vector<AllreduceChoice> AllreduceChoices() const override { return algorithm_.Alternatives(); }
   void UseAllreduceChoice(AllreduceChoice choice) override { algorithm_.set_choice(choice); }
   std::string Layout() const override { return algorithm_.Layout(); }
+  int64_t HierarchicalCalls() const override { return hierarchical_calls_.load(std::memory_order_relaxed); }
 
   static bool IsHalf(DataType dtype) { return dtype == DataType::kFloat16 || dtype == DataType::kBFloat16; }
 
@@ -58,6 +60,15 @@ class MpiBackend : public Backend {
   // memory), cross the hosts with its slice and are broadcast within the host, rather than
   // costing a small allreduce of their own across hosts.
   int AllreduceAcrossHosts(const void* in, void* out, int count, DataType dtype, ReduceOp op);
+  // Allgather of counts[r] values from every rank r into `out` in rank order, as the hierarchy:
+  // each host's block (its ranks' values in host-rank order) is cut into R slices, local rank l
+  // allgathers slice l of every host's block across the hosts with the other ranks of local
+  // rank l, and an allgather within the host hands every rank all R x H slices, which are then
+  // copied to where each rank's values belong in `out`. A host's block thus crosses each link
+  // once, 1/R of it from each of its ranks. When a host's ranks send equal counts, slice l is
+  // local rank l's own values; otherwise an allgather within the host first gives every rank
+  // the host's block to cut its slice from.
+  int AllgatherAcrossHosts(const void* in, void* out, const std::vector<int>& counts, DataType dtype);
 
   MPI_Comm comm_;
   int rank_ = 0;
@@ -66,6 +77,10 @@ class MpiBackend : public Backend {
   AllreduceAlgorithm algorithm_;
   std::vector<uint16_t> scratch_;  // what CombineChunks receives before combining
   std::vector<char> slice_;        // this rank's slice in AllreduceAcrossHosts
+  std::vector<char> host_block_;   // AllgatherAcrossHosts: this host's values, when counts differ in it
+  std::vector<char> across_;       // AllgatherAcrossHosts: slice l of every host's block
+  std::vector<char> gathered_;     // AllgatherAcrossHosts: every slice, before reordering into `out`
+  std::atomic<int64_t> hierarchical_calls_{0};  // read by kerasdist.engine_times() from other threads
 };
 
 // OK, or an Internal error naming the call and the collective with MPI's own text.

@@ -79,6 +79,7 @@ class WatchedBackend : public Backend {
   std::vector<AllreduceChoice> AllreduceChoices() const override { return inner_->AllreduceChoices(); }
   void UseAllreduceChoice(AllreduceChoice choice) override { inner_->UseAllreduceChoice(choice); }
   std::string Layout() const override { return inner_->Layout(); }
+  int64_t HierarchicalCalls() const override { return inner_->HierarchicalCalls(); }
 
  private:
   template <typename Call>
