@@ -135,6 +135,7 @@ class IterationTimer(keras.callbacks.Callback):
         self.wall_seconds = []
         self.cpu_seconds = []
         self.cpu_seconds_by_thread = {}
+        self.epochs_split = 0  # epochs whose CPU time is in cpu_seconds_by_thread
         self._start = None
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -145,6 +146,7 @@ class IterationTimer(keras.callbacks.Callback):
         self.cpu_seconds.append(time.process_time() - self._start[1])
         by_thread = cpu_seconds_by_thread()
         if by_thread and self._start[2]:
+            self.epochs_split += 1
             for role, seconds in by_thread.items():
                 spent = seconds - self._start[2][role]
                 self.cpu_seconds_by_thread[role] = self.cpu_seconds_by_thread.get(role, 0.0) + spent
@@ -169,6 +171,18 @@ def engine_phases_per_step(before, after):
         **{key: 1e3 * value for key, value in zip(busy, mean)},
         **{key: float(value) for key, value in zip(counts, mean[len(busy) :])},
     }
+
+
+def cpu_ms_per_step_by_thread(splits):
+    """The mean over the ranks of a rank's CPU ms per timed step by thread role, from each rank's
+    (CPU seconds by role, epochs they cover); empty when a rank has no split."""
+    if not all(epochs for _, epochs in splits):
+        return {}
+    per_rank = [
+        {role: 1e3 * seconds / (epochs * NUM_BATCHES_PER_ITER.value) for role, seconds in split.items()}
+        for split, epochs in splits
+    ]
+    return {role: statistics.mean(rank[role] for rank in per_rank) for role in per_rank[0]}
 
 
 def synthetic_batches(image_size, num_classes, batch_size, seed):
@@ -234,7 +248,7 @@ def main(_):
     )
 
     timings = [(timer.wall_seconds, timer.cpu_seconds)]
-    by_thread = [timer.cpu_seconds_by_thread]
+    by_thread = [(timer.cpu_seconds_by_thread, timer.epochs_split)]
     engine_ms_per_step = None
     if USE_KERASDIST.value:
         timings = kerasdist.allgather_object(timings[0])
@@ -252,7 +266,6 @@ def main(_):
         f"{median_total:.1f} img/s in total on {size} rank(s)",
         flush=True,
     )
-    steps = NUM_ITERS.value * NUM_BATCHES_PER_ITER.value
     result = {
         "model": MODEL.value,
         "image_size": image_size,
@@ -269,11 +282,7 @@ def main(_):
         "images_per_second_per_rank": median_total / size,
         "step_ms": 1e3 * statistics.median(slowest) / NUM_BATCHES_PER_ITER.value,
         "cpu_ms_per_step_per_rank": 1e3 * statistics.median(mean_cpu) / NUM_BATCHES_PER_ITER.value,
-        # The mean over the timed steps and the ranks, by thread role; empty without the counts.
-        "cpu_ms_per_step_by_thread": {
-            role: 1e3 * statistics.mean(rank_split[role] for rank_split in by_thread) / steps
-            for role in (by_thread[0] if all(by_thread) else {})
-        },
+        "cpu_ms_per_step_by_thread": cpu_ms_per_step_by_thread(by_thread),
         "iteration_images_per_second": total,
         "threads": {name: os.environ.get(name) for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")},
         "engine_ms_per_step": engine_ms_per_step,
