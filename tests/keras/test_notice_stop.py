@@ -87,21 +87,9 @@ def test_a_notice_inside_a_window_stops_every_rank_at_its_end_and_the_resume_is_
         np.testing.assert_allclose(got, expected, rtol=0, atol=1e-6)
 
 
-def _per_batch_agreements(monkeypatch):
-    """Counts the per-batch stop-or-notice allreduces (a list that grows by one per call)."""
-    calls, allreduce = [], kd.ops.allreduce
-
-    def counting(tensor, *args, name=None, **kwargs):
-        if name == "kerasdist.stop_or_notice":
-            calls.append(name)
-        return allreduce(tensor, *args, name=name, **kwargs)
-
-    monkeypatch.setattr(kd.ops, "allreduce", counting)
-    return calls
-
-
-def test_a_notice_before_fit_stops_every_rank_after_the_first_update_with_no_collective_of_its_own(monkeypatch):
-    agreements = _per_batch_agreements(monkeypatch)
+def test_a_notice_before_fit_stops_every_rank_after_the_first_update_with_no_collective_of_its_own(
+    per_batch_agreements,
+):
     model = _model()
     if RANK == LAST_RANK:
         os.kill(os.getpid(), signal.SIGUSR1)  # outside fit: taken at the next fit's first update
@@ -109,11 +97,10 @@ def test_a_notice_before_fit_stops_every_rank_after_the_first_update_with_no_col
         _fit(model, kd.callbacks())
     assert stopped.value.code == 75
     assert kd.allgather_object(int(model.optimizer.iterations.numpy())) == [1] * SIZE
-    assert agreements == []  # the gradients' allreduce carried the notice
+    assert per_batch_agreements == []  # the gradients' allreduce carried the notice
 
 
-def test_a_notice_at_any_moment_stops_every_rank_at_the_same_update(monkeypatch):
-    agreements = _per_batch_agreements(monkeypatch)
+def test_a_notice_at_any_moment_stops_every_rank_at_the_same_update(per_batch_agreements):
     model = _model()
 
     def notice_once_two_updates_are_done():
@@ -128,7 +115,7 @@ def test_a_notice_at_any_moment_stops_every_rank_at_the_same_update(monkeypatch)
     assert stopped.value.code == 75
     updates = kd.allgather_object(int(model.optimizer.iterations.numpy()))
     assert updates == [updates[0]] * SIZE and 2 <= updates[0] < EPOCHS * STEPS // MICRO_BATCHES, updates
-    assert agreements == []
+    assert per_batch_agreements == []
 
 
 def test_notice_received_is_false_everywhere_until_one_rank_is_signalled_then_true_everywhere(monkeypatch):

@@ -68,19 +68,6 @@ class StopBeforeABatch(keras.callbacks.Callback):
             self.model.stop_training = True
 
 
-def per_batch_agreements(monkeypatch):
-    """The per-batch stop allreduces `fit` runs from here on (a list that grows by one per call)."""
-    calls, allreduce = [], kd.ops.allreduce
-
-    def counting(tensor, *args, name=None, **kwargs):
-        if name == "kerasdist.stop_or_notice":
-            calls.append(name)
-        return allreduce(tensor, *args, name=name, **kwargs)
-
-    monkeypatch.setattr(kd.ops, "allreduce", counting)
-    return calls
-
-
 def shard(rank):
     rng = np.random.default_rng([rank, 41])
     x = rng.normal(size=(ROWS, FEATURES)).astype("float32")
@@ -177,22 +164,20 @@ def test_early_stopping_decides_on_the_global_loss_on_every_rank_wherever_it_is_
 
 @pytest.mark.parametrize("epoch", [None, 0, 2], ids=["train_begin", "first_epoch_begin", "third_epoch_begin"])
 def test_a_stop_set_before_a_batch_on_one_rank_stops_every_rank_after_the_next_batch_without_per_batch_sums(
-    monkeypatch, epoch
+    per_batch_agreements, epoch
 ):
     # Keras reads the flag first after the next batch: every rank runs that batch, then ends fit.
-    agreements = per_batch_agreements(monkeypatch)
     model = compiled_model()
     history = fit(model, *shard(RANK), kd.callbacks(extra=[StopBeforeABatch(LAST_RANK, epoch)]))
     last_epoch = 0 if epoch is None else epoch
     assert kd.allgather_object(int(model.optimizer.iterations.numpy())) == [last_epoch * STEPS + 1] * SIZE
     assert len(history.history["loss"]) == last_epoch + 1
-    assert agreements == []
+    assert per_batch_agreements == []
 
 
-def test_a_callback_that_may_stop_at_a_batch_is_agreed_on_at_every_batch(monkeypatch):
-    agreements = per_batch_agreements(monkeypatch)
+def test_a_callback_that_may_stop_at_a_batch_is_agreed_on_at_every_batch(per_batch_agreements):
     fit(compiled_model(), *shard(RANK), kd.callbacks(extra=[StopOnOneRank(LAST_RANK, epoch=EPOCHS)]))
-    assert len(agreements) == (EPOCHS * STEPS if SIZE > 1 else 0)
+    assert len(per_batch_agreements) == (EPOCHS * STEPS if SIZE > 1 else 0)
 
 
 def test_a_lambda_callback_that_stops_one_rank_at_a_batch_stops_every_rank_there():
